@@ -1,0 +1,1 @@
+"""Flywheel CLI, root config and process launcher."""

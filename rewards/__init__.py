@@ -1,0 +1,1 @@
+"""Reward hooks, verifiers, webhooks, judges and the session finalizer."""

@@ -1,0 +1,1 @@
+"""Serving: SGLang client and launcher, the CPU engine, model and tokenizer loading."""

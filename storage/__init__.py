@@ -1,0 +1,1 @@
+"""Storage: ORM models, engine factory, queries, and the TrainingSample contract."""

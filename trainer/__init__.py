@@ -1,0 +1,1 @@
+"""Pure algorithm functions, losses, data loading from storage, Ray actors, weight sync."""
