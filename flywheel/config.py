@@ -1,0 +1,176 @@
+"""The root config: a YAML file, then `FLYWHEEL_…` environment variables (nested with `__`), then
+`key.sub=value` CLI overrides. Each component gets only its own sub-config."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from serving.config import ServingConfig
+from storage.config import StorageConfig
+
+ENV_PREFIX = "FLYWHEEL_"
+# FLYWHEEL_* variables that are not config keys: the config file itself, the model cache, test settings.
+RESERVED_ENV = ("FLYWHEEL_CONFIG", "FLYWHEEL_CACHE_DIR", "FLYWHEEL_TEST_")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key and what to do."""
+
+
+class RunConfig(BaseModel):
+    """Where a run keeps its files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: Path = Path("flywheel-run")
+    """Run directory: the SQLite database by default, checkpoints, logs, reports."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class FlywheelConfig(BaseSettings):
+    """Everything one Flywheel deployment needs; build it with `load_config`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_config merges file, environment and overrides itself, in that order of precedence.
+        return (init_settings,)
+
+
+def load_config(path: Path | str | None = None, overrides: Sequence[str] = ()) -> FlywheelConfig:
+    """Read the YAML file (if any), then FLYWHEEL_* env, then `key.sub=value` overrides, and validate."""
+    layers: list[dict[str, Any]] = []
+    if path is not None:
+        layers.append(_read_yaml(Path(path)))
+    layers.append(_read_env())
+    layers.append(parse_overrides(overrides))
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = _deep_merge(merged, layer)
+    try:
+        return FlywheelConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn `["serving.port=8000", "serving.worker_urls=[a, b]"]` into a nested dict."""
+    result: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        node = result
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets a key below a value")
+        node[leaf] = _parse_value(raw.strip())
+    return result
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _parse_value(raw: str) -> Any:
+    # Scalars stay strings so pydantic coerces them to the field's type ("1.0" stays a str for a str
+    # field); lists, mappings and null are read as YAML.
+    if raw[:1] in "[{" or raw in ("null", "~"):
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"cannot parse value {raw!r}: {exc}") from None
+    return raw
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    import os
+
+    environ = os.environ if environ is None else environ
+    known = {name.upper() for name in FlywheelConfig.model_fields}
+    for name in environ:
+        if not name.startswith(ENV_PREFIX) or name.startswith(RESERVED_ENV):
+            continue
+        top = name[len(ENV_PREFIX):].split("__", 1)[0]
+        if top not in known:
+            key = top.lower()
+            raise ConfigError(f"unknown config key {key!r} (from ${name}){_hint(key, FlywheelConfig)}")
+    return EnvSettingsSource(FlywheelConfig)()
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        key = ".".join(loc)
+        if error["type"] == "extra_forbidden":
+            owner = _model_at(FlywheelConfig, loc[:-1])
+            lines.append(f"unknown config key {key!r}{_hint(loc[-1], owner)}")
+        else:
+            lines.append(f"{key}: {error['msg']} (got {error.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _model_at(model: type[BaseModel] | None, path: list[str]) -> type[BaseModel] | None:
+    for part in path:
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return model
+
+
+def _hint(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    valid = list(model.model_fields)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; valid keys here: {', '.join(valid)}"
