@@ -30,7 +30,7 @@ from serving.errors import (
     WorkerProtocolError,
     WorkerTimeout,
 )
-from tests.support.scripted_worker import ScriptedWorker
+from tests.support.scripted_worker import ScriptedWorker, eventually
 
 FAST_RETRY = ClientConfig(max_retries=3, retry_backoff_s=0.001)
 
@@ -146,11 +146,7 @@ async def test_leaving_a_stream_early_closes_it_at_the_worker() -> None:
             async for chunk in stream:
                 if len(chunk["output_ids"]) == 3:
                     break
-        for _ in range(400):
-            if slow.in_flight == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert slow.in_flight == 0
+        await eventually(lambda: slow.in_flight == 0)
 
 
 # ---- weights, pause, abort, flush ---------------------------------------------------------------
@@ -183,10 +179,9 @@ async def test_pause_holds_requests_until_continue(client: SGLangClient, worker:
     assert paused["status"] == "ok"
     assert worker.requests_to("/pause_generation")[0].body == {"mode": "retract"}
     pending = asyncio.create_task(client.generate(request(max_new_tokens=3)))
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+    await eventually(lambda: worker.in_flight == 1)
+    await asyncio.sleep(0.05)
     assert not pending.done()  # a paused scheduler cannot answer
-    assert worker.in_flight == 1
     with pytest.raises(WorkerBadRequest, match="Flush cache failed"):
         await client.flush_cache()
     await client.continue_generation()
@@ -196,10 +191,10 @@ async def test_pause_holds_requests_until_continue(client: SGLangClient, worker:
     await client.flush_cache()
 
 
-async def test_pause_abort_returns_partial_output(client: SGLangClient) -> None:
+async def test_pause_abort_returns_partial_output(client: SGLangClient, worker: ScriptedWorker) -> None:
     await client.pause_generation("in_place")
     pending = asyncio.create_task(client.generate(request(max_new_tokens=3)))
-    await asyncio.sleep(0.02)
+    await eventually(lambda: worker.in_flight == 1)
     await client.pause_generation("abort")
     answer = await asyncio.wait_for(pending, 5)
     assert answer["meta_info"]["finish_reason"]["type"] == "abort"
@@ -212,7 +207,7 @@ async def test_abort_request_by_rid_and_all(client: SGLangClient, worker: Script
     await client.pause_generation("in_place")
     one = asyncio.create_task(client.generate(request()))
     other = asyncio.create_task(client.generate({"input_ids": [1], "rid": "other"}))
-    await asyncio.sleep(0.02)
+    await eventually(lambda: worker.in_flight == 2)
     await client.abort_request(rid="req-1")
     assert (await asyncio.wait_for(one, 5))["meta_info"]["finish_reason"]["type"] == "abort"
     assert not other.done()

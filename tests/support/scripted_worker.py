@@ -457,6 +457,15 @@ def _version_spans(versions: list[str]) -> list[dict[str, Any]]:
     return spans
 
 
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0, poll_s: float = 0.001) -> None:
+    """For tests: wait until `condition()` holds (e.g. a request reached the worker), else fail."""
+    for _ in range(max(1, int(timeout_s / poll_s))):
+        if condition():
+            return
+        await asyncio.sleep(poll_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
 async def _serve(args: argparse.Namespace) -> None:
     worker = ScriptedWorker(
         admin_api_key=args.admin_api_key, token_delay_s=args.token_delay_s, record=not args.no_record
