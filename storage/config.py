@@ -1,0 +1,21 @@
+"""Storage sub-config: which database the proxy, finalizer and trainer share, and how to connect."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StorageConfig(BaseModel):
+    """The database connection (embedded in the root config as `storage`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = "sqlite+aiosqlite:///flywheel-run/flywheel.db"
+    """`sqlite+aiosqlite:///path/to/file.db` (embedded default; the parent folder is created) or
+    `postgresql+asyncpg://user:password@host:port/dbname` (production, several writers)."""
+    echo: bool = False
+    """Log every SQL statement (SQLAlchemy's `echo`); for debugging only."""
+    pool_size: int = Field(10, ge=1)
+    """Connections kept open per process."""
+    sqlite_busy_timeout_ms: int = Field(30000, ge=0)
+    """How long a SQLite writer waits for another writer's lock before failing with 'database is locked'."""
