@@ -1,0 +1,1 @@
+"""Alembic migrations for the storage schema; run them with `flywheel db upgrade` (storage.migrate)."""

@@ -1,0 +1,1 @@
+"""One file per schema change, applied in order by Alembic."""

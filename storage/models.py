@@ -1,0 +1,236 @@
+"""ORM models: the tables of DESIGN.md §5. Alembic migrations in migrations/ must match them exactly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from sqlalchemy import (
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    false,
+    func,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from storage.packing import BoolArray, FloatArray, IntArray
+from storage.types import BigIntKey, Float32Array, Int32Array, JsonType, MaskArray
+
+# Deterministic constraint names, so migrations can drop and alter them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Both SQLite (REAL, stores ±inf) and Postgres (float8, stores NaN and ±inf) need this to stay finite.
+_FINITE = "BETWEEN -1e308 AND 1e308"
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# Python-side default for microsecond order on SQLite; server default for rows written by hand.
+Created = Annotated[datetime, mapped_column(default=_utc_now, server_default=func.now())]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 -- SQLAlchemy reads this class attribute
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JsonType,
+        Any: JsonType,
+        IntArray: Int32Array(),
+        FloatArray: Float32Array(),
+        BoolArray: MaskArray(),
+    }
+
+
+class SessionStatus(StrEnum):
+    ACTIVE = "active"  # the agent may still call
+    ENDED = "ended"  # no more calls; rewards may still arrive
+    FINALIZED = "finalized"  # trajectories written; its group may be trained on
+
+
+class KeyScope(StrEnum):
+    ADMIN = "admin"  # any route, any session
+    SESSION = "session"  # one session's OpenAI calls, rewards and end
+
+
+class ApiKey(Base):
+    """A bearer key, stored only as its sha256 hex digest."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint(
+            "(scope = 'admin' AND session_id IS NULL) OR (scope = 'session' AND session_id IS NOT NULL)",
+            name="scope_matches_session",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
+    created_at: Mapped[Created]
+    revoked_at: Mapped[datetime | None]
+
+
+class Group(Base):
+    """Sessions attempting the same task; GRPO baselines are computed within it."""
+
+    __tablename__ = "groups"
+    __table_args__ = (CheckConstraint("size >= 1", name="size_positive"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int]
+    task: Mapped[Any | None]
+    created_at: Mapped[Created]
+
+
+class Session(Base):
+    """One episode: every call made with one session key."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'ended', 'finalized')", name="status_known"),
+        CheckConstraint(
+            "(status = 'active' AND ended_at IS NULL) OR (status <> 'active' AND ended_at IS NOT NULL)",
+            name="ended_at_matches_status",
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
+    task: Mapped[Any | None]
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    status: Mapped[str] = mapped_column(
+        String(16), default=SessionStatus.ACTIVE.value, server_default=SessionStatus.ACTIVE.value
+    )
+    created_at: Mapped[Created]
+    ended_at: Mapped[datetime | None]
+
+
+class Completion(Base):
+    """One LLM call. With a parent it holds only the suffix: its prompt_ids are the tokens of the new
+    messages that follow the parent's prompt + output, and request_json holds only the new messages."""
+
+    __tablename__ = "completions"
+    __table_args__ = (
+        CheckConstraint(
+            "length(output_ids) = length(output_logprobs) AND length(output_ids) = length(output_versions)",
+            name="output_lengths_match",
+        ),
+        Index("ix_completions_session_id_created_at", "session_id", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("completions.id"), index=True)
+    prompt_ids: Mapped[IntArray]
+    output_ids: Mapped[IntArray]
+    output_logprobs: Mapped[FloatArray]
+    output_versions: Mapped[IntArray]
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    temperature: Mapped[float] = mapped_column(Double)
+    top_p: Mapped[float] = mapped_column(Double)
+    top_k: Mapped[int] = mapped_column(Integer)  # -1: no top-k truncation (SGLang's convention)
+    branched: Mapped[bool] = mapped_column(default=False, server_default=false())
+    request_json: Mapped[dict[str, Any]]
+    response_json: Mapped[dict[str, Any]]
+    created_at: Mapped[Created]
+
+
+class Reward(Base):
+    """A float attached to exactly one of a session or a completion."""
+
+    __tablename__ = "rewards"
+    __table_args__ = (
+        CheckConstraint(
+            "(session_id IS NULL AND completion_id IS NOT NULL)"
+            " OR (session_id IS NOT NULL AND completion_id IS NULL)",
+            name="one_target",
+        ),
+        CheckConstraint(f"value {_FINITE}", name="value_finite"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
+    completion_id: Mapped[str | None] = mapped_column(ForeignKey("completions.id"), index=True)
+    value: Mapped[float] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[Created]
+
+
+class Trajectory(Base):
+    """A training sample built from a session's completions; claimed, then consumed by one train step."""
+
+    __tablename__ = "trajectories"
+    __table_args__ = (
+        CheckConstraint(
+            "length(token_ids) = length(logprobs) AND length(token_ids) = length(versions)"
+            " AND length(token_ids) = 4 * length(loss_mask)",
+            name="lengths_match",
+        ),
+        CheckConstraint(f"reward {_FINITE}", name="reward_finite"),
+        CheckConstraint(
+            "(claim_token IS NULL AND claimed_at IS NULL)"
+            " OR (claim_token IS NOT NULL AND claimed_at IS NOT NULL)",
+            name="claim_complete",
+        ),
+        # The claim query scans unconsumed rows oldest first; consumed rows drop out of this index.
+        Index(
+            "ix_trajectories_unconsumed",
+            "id",
+            sqlite_where=text("consumed_step IS NULL"),
+            postgresql_where=text("consumed_step IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
+    token_ids: Mapped[IntArray]
+    loss_mask: Mapped[BoolArray]
+    logprobs: Mapped[FloatArray]
+    versions: Mapped[IntArray]  # per token; -1 for tokens the policy did not generate
+    reward: Mapped[float] = mapped_column(Double)
+    min_version: Mapped[int]  # oldest behaviour version among generated tokens
+    created_at: Mapped[Created]
+    claimed_at: Mapped[datetime | None]
+    claim_token: Mapped[str | None] = mapped_column(String(36))
+    consumed_step: Mapped[int | None] = mapped_column(ForeignKey("train_steps.step"), index=True)
+
+
+class PolicyVersion(Base):
+    """A policy the workers served: bumped by each weight push."""
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    checkpoint_path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[Created]
+
+
+class TrainStep(Base):
+    """One optimiser step and the policy version it produced."""
+
+    __tablename__ = "train_steps"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    policy_version: Mapped[int] = mapped_column(ForeignKey("policy_versions.version"), index=True)
+    metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[Created]

@@ -1,0 +1,115 @@
+"""Narrow records passed between stages: proxy → storage, finalizer → storage, storage → trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.packing import BoolArray, FloatArray, FloatsLike, IntArray, IntsLike, MaskLike
+
+# Records holding arrays compare by identity (eq=False): `==` on numpy arrays is elementwise.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupRecord:
+    """A group as the proxy creates it; its sessions join it (up to `size`) as they are created."""
+
+    id: str
+    size: int
+    task: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionRecord:
+    """A new session and the sha256 hex digest of its session key."""
+
+    id: str
+    key_hash: str
+    group_id: str | None = None
+    task: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiKeyRecord:
+    """What a valid bearer key may do: `scope` "admin" (anything) or "session" (only `session_id`)."""
+
+    scope: str
+    session_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class CompletionRecord:
+    """One LLM call as the proxy records it. With `parent_id`, `prompt_ids` holds only the suffix after
+    the parent's prompt + output tokens, and `request_json` only the new messages (DESIGN.md §5)."""
+
+    id: str  # chatcmpl-…
+    session_id: str
+    parent_id: str | None
+    prompt_ids: IntsLike
+    output_ids: IntsLike
+    output_logprobs: FloatsLike  # of the sampling distribution at `temperature`
+    output_versions: IntsLike  # policy version that generated each output token
+    finish_reason: str
+    temperature: float
+    top_p: float
+    top_k: int  # -1: no top-k truncation
+    request_json: dict[str, Any]
+    response_json: dict[str, Any]
+    branched: bool = False  # the client changed history, so this starts a new branch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TrajectoryRecord:
+    """One training sample as the session finalizer writes it."""
+
+    token_ids: IntsLike
+    loss_mask: MaskLike  # True where the policy generated the token and it is trained on
+    logprobs: FloatsLike  # behaviour logprobs; any value where the mask is False
+    versions: IntsLike  # per token; -1 for tokens the policy did not generate
+    reward: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TrainingSample:
+    """The trainer contract: one claimed trajectory."""
+
+    trajectory_id: int
+    token_ids: IntArray  # (T,)
+    loss_mask: BoolArray  # (T,)
+    logprobs: FloatArray  # (T,) behaviour logprobs
+    versions: IntArray  # (T,) -1 for prompt and tool tokens
+    reward: float
+    group_id: str | None  # None: a singleton, normalised with batch baselines
+
+    @property
+    def min_version(self) -> int:
+        """Oldest behaviour version among generated tokens."""
+        generated = self.versions[self.versions >= 0]
+        return int(generated.min())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ClaimedBatch:
+    """Trajectories held by one claim until `record_step` consumes them or `release_claim` frees them.
+    Whole groups only: every trajectory of each group in it is present."""
+
+    claim_token: str
+    samples: tuple[TrainingSample, ...]
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(sample.trajectory_id for sample in self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One optimiser step: the policy version it produced and where that checkpoint lives."""
+
+    step: int
+    policy_version: int
+    checkpoint_path: str
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,35 @@
+"""Rebuild full token sequences from a chain of completions that each store only their suffix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+import numpy as np
+
+from storage.packing import IntArray
+from storage.records import CompletionRecord
+
+
+def full_prompt_ids(chain: Sequence[CompletionRecord]) -> IntArray:
+    """The prompt the last completion of a root-first chain was sampled from:
+    `p0 + o0 + p1 + o1 + … + pk`, where each `p` is a stored suffix and each `o` an output (DESIGN.md §3)."""
+    if not chain:
+        raise ValueError("an empty chain has no prompt")
+    for parent, child in pairwise(chain):
+        if child.parent_id != parent.id:
+            raise ValueError(f"completion {child.id} does not extend {parent.id}")
+    if chain[0].parent_id is not None:
+        raise ValueError(f"chain starts at {chain[0].id}, which has a parent")
+    parts: list[IntArray] = []
+    for i, completion in enumerate(chain):
+        if i:
+            parts.append(np.asarray(chain[i - 1].output_ids, dtype=np.int32))
+        parts.append(np.asarray(completion.prompt_ids, dtype=np.int32))
+    return np.concatenate(parts).astype(np.int32, copy=False)
+
+
+def full_token_ids(chain: Sequence[CompletionRecord]) -> IntArray:
+    """The last completion's whole sequence: its full prompt followed by its output."""
+    output = np.asarray(chain[-1].output_ids, dtype=np.int32) if chain else np.empty(0, np.int32)
+    return np.concatenate([full_prompt_ids(chain), output]).astype(np.int32, copy=False)
