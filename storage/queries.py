@@ -1,0 +1,297 @@
+"""What the proxy and the session finalizer write and read: keys, groups, sessions, completions, rewards,
+trajectories. The trainer's claim and step functions live in storage/claims.py (re-exported here)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+
+from storage.claims import ClaimLostError, claim_batch, latest_policy_version, record_step, release_claim
+from storage.engine import SessionFactory, affected_rows, write_transaction
+from storage.models import (
+    ApiKey,
+    Completion,
+    Group,
+    KeyScope,
+    Reward,
+    Session,
+    SessionStatus,
+    Trajectory,
+)
+from storage.records import (
+    ApiKeyRecord,
+    CompletionRecord,
+    GroupRecord,
+    SessionRecord,
+    TrajectoryRecord,
+)
+
+__all__ = [
+    "ClaimLostError",
+    "add_reward",
+    "claim_batch",
+    "create_admin_key",
+    "create_group",
+    "create_session",
+    "end_session",
+    "find_api_key",
+    "hash_api_key",
+    "insert_trajectories",
+    "latest_policy_version",
+    "load_completion_chain",
+    "record_completion",
+    "record_completions",
+    "record_step",
+    "release_claim",
+]
+
+
+def hash_api_key(key: str) -> str:
+    """The sha256 hex digest stored in place of a bearer key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def create_admin_key(session_factory: SessionFactory, key_hash: str) -> None:
+    async with write_transaction(session_factory) as db:
+        db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ADMIN.value, session_id=None))
+
+
+async def find_api_key(session_factory: SessionFactory, key_hash: str) -> ApiKeyRecord | None:
+    """The unrevoked key with this hash, or None."""
+    async with session_factory() as db:
+        row = (
+            await db.execute(
+                select(ApiKey.scope, ApiKey.session_id).where(
+                    ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)
+                )
+            )
+        ).one_or_none()
+    return None if row is None else ApiKeyRecord(scope=row.scope, session_id=row.session_id)
+
+
+async def create_group(
+    session_factory: SessionFactory, group: GroupRecord, sessions: Sequence[SessionRecord] = ()
+) -> None:
+    """A group and, in the same transaction, any of its sessions already known (at most `group.size`)."""
+    if group.size < 1:
+        raise ValueError(f"group size must be at least 1, got {group.size}")
+    async with write_transaction(session_factory) as db:
+        db.add(Group(id=group.id, size=group.size, task=group.task))
+        await db.flush()
+        await _add_sessions(db, sessions)
+
+
+async def create_session(session_factory: SessionFactory, session: SessionRecord) -> None:
+    """A session and its session key; joining a group that already has `size` sessions is a ValueError."""
+    async with write_transaction(session_factory) as db:
+        await _add_sessions(db, [session])
+
+
+async def _add_sessions(db: AsyncSession, sessions: Sequence[SessionRecord]) -> None:
+    for group_id in {s.group_id for s in sessions if s.group_id is not None}:
+        joining = sum(1 for s in sessions if s.group_id == group_id)
+        await _check_group_room(db, group_id, joining)
+    for s in sessions:
+        db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata)))
+    await db.flush()  # sessions before the keys that point at them
+    for s in sessions:
+        db.add(ApiKey(key_hash=s.key_hash, scope=KeyScope.SESSION.value, session_id=s.id))
+    await db.flush()
+
+
+async def _check_group_room(db: AsyncSession, group_id: str, joining: int) -> None:
+    # The row lock makes concurrent joins on Postgres count one after another (SQLite: BEGIN IMMEDIATE).
+    size = (
+        await db.execute(select(Group.size).where(Group.id == group_id).with_for_update())
+    ).scalar_one_or_none()
+    if size is None:
+        raise LookupError(f"no group {group_id!r}")
+    members = (
+        await db.execute(select(func.count()).select_from(Session).where(Session.group_id == group_id))
+    ).scalar_one()
+    if members + joining > size:
+        raise ValueError(f"group {group_id!r} has {members} of {size} sessions; {joining} more do not fit")
+
+
+async def end_session(session_factory: SessionFactory, session_id: str) -> bool:
+    """Mark an active session ended. False if it had already ended; LookupError if there is none."""
+    async with write_transaction(session_factory) as db:
+        result = await db.execute(
+            update(Session)
+            .where(Session.id == session_id, Session.status == SessionStatus.ACTIVE.value)
+            .values(status=SessionStatus.ENDED.value, ended_at=datetime.now(UTC))
+        )
+        if affected_rows(result) == 1:
+            return True
+        exists = await db.scalar(select(literal(1)).where(Session.id == session_id))
+    if exists is None:
+        raise LookupError(f"no session {session_id!r}")
+    return False
+
+
+async def record_completion(session_factory: SessionFactory, record: CompletionRecord) -> None:
+    await record_completions(session_factory, [record])
+
+
+async def record_completions(session_factory: SessionFactory, records: Sequence[CompletionRecord]) -> None:
+    """Write completions in one transaction (the proxy's group commit). A parent must be written before,
+    or earlier in `records` than, its children."""
+    rows = [_completion_row(record) for record in records]
+    if not rows:
+        return
+    async with write_transaction(session_factory) as db:
+        await db.execute(insert(Completion), rows)
+
+
+def _completion_row(record: CompletionRecord) -> dict[str, Any]:
+    n_out = {len(record.output_ids), len(record.output_logprobs), len(record.output_versions)}
+    if len(n_out) != 1:
+        raise ValueError(
+            f"completion {record.id}: output_ids, output_logprobs and output_versions differ in length"
+        )
+    return {
+        "id": record.id,
+        "session_id": record.session_id,
+        "parent_id": record.parent_id,
+        "prompt_ids": record.prompt_ids,
+        "output_ids": record.output_ids,
+        "output_logprobs": record.output_logprobs,
+        "output_versions": record.output_versions,
+        "finish_reason": record.finish_reason,
+        "temperature": record.temperature,
+        "top_p": record.top_p,
+        "top_k": record.top_k,
+        "branched": record.branched,
+        "request_json": record.request_json,
+        "response_json": record.response_json,
+    }
+
+
+async def add_reward(
+    session_factory: SessionFactory,
+    value: float,
+    *,
+    session_id: str | None = None,
+    completion_id: str | None = None,
+    source: str = "rest",
+    details: dict[str, Any] | None = None,
+) -> int:
+    """Attach a reward to exactly one of a session or a completion; returns its id.
+    NaN and ±inf are a ValueError and write nothing."""
+    if (session_id is None) == (completion_id is None):
+        raise ValueError("a reward needs exactly one of session_id and completion_id")
+    if isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"reward must be a finite number, got {value!r}")
+    async with write_transaction(session_factory) as db:
+        reward = Reward(
+            session_id=session_id,
+            completion_id=completion_id,
+            value=float(value),
+            source=source,
+            details=dict(details or {}),
+        )
+        db.add(reward)
+        await db.flush()
+        return reward.id
+
+
+async def insert_trajectories(
+    session_factory: SessionFactory, session_id: str, trajectories: Sequence[TrajectoryRecord]
+) -> list[int]:
+    """Write a session's trajectories and mark it finalized, in one transaction, so a claimer never sees a
+    finalized session without its trajectories. An empty list finalizes a rejected session. Returns the
+    new ids, in order. A session already finalized is a ValueError; an unknown one a LookupError."""
+    rows = [_trajectory_row(t) for t in trajectories]
+    async with write_transaction(session_factory) as db:
+        group_id = await _finalize(db, session_id)
+        if not rows:
+            return []
+        for row in rows:
+            row.update(session_id=session_id, group_id=group_id)
+        result = await db.execute(
+            insert(Trajectory).returning(Trajectory.id, sort_by_parameter_order=True), rows
+        )
+        return list(result.scalars())
+
+
+async def _finalize(db: AsyncSession, session_id: str) -> str | None:
+    now = datetime.now(UTC)
+    result = await db.execute(
+        update(Session)
+        .where(Session.id == session_id, Session.status != SessionStatus.FINALIZED.value)
+        .values(status=SessionStatus.FINALIZED.value, ended_at=func.coalesce(Session.ended_at, now))
+        .returning(Session.group_id)
+    )
+    row = result.one_or_none()
+    if row is not None:
+        return row.group_id
+    if await db.scalar(select(literal(1)).where(Session.id == session_id)) is None:
+        raise LookupError(f"no session {session_id!r}")
+    raise ValueError(f"session {session_id!r} is already finalized")
+
+
+def _trajectory_row(t: TrajectoryRecord) -> dict[str, Any]:
+    lengths = {len(t.token_ids), len(t.loss_mask), len(t.logprobs), len(t.versions)}
+    if len(lengths) != 1:
+        raise ValueError("token_ids, loss_mask, logprobs and versions differ in length")
+    if not math.isfinite(t.reward):
+        raise ValueError(f"trajectory reward must be finite, got {t.reward!r}")
+    versions = np.asarray(t.versions)
+    generated = versions[versions >= 0]
+    if generated.size == 0:
+        raise ValueError("a trajectory needs at least one generated token (a version >= 0)")
+    return {
+        "token_ids": t.token_ids,
+        "loss_mask": t.loss_mask,
+        "logprobs": t.logprobs,
+        "versions": t.versions,
+        "reward": float(t.reward),
+        "min_version": int(generated.min()),
+    }
+
+
+async def load_completion_chain(
+    session_factory: SessionFactory, completion_id: str
+) -> list[CompletionRecord]:
+    """A completion and its ancestors, root first (one recursive query); rebuild full token sequences
+    from it with storage.sequences. Empty if there is no such completion."""
+    chain = (
+        select(Completion.id, Completion.parent_id, literal(0).label("depth"))
+        .where(Completion.id == completion_id)
+        .cte("chain", recursive=True)
+    )
+    parent = aliased(Completion)
+    chain = chain.union_all(
+        select(parent.id, parent.parent_id, chain.c.depth + 1).where(parent.id == chain.c.parent_id)
+    )
+    query = select(Completion).join(chain, Completion.id == chain.c.id).order_by(chain.c.depth.desc())
+    async with session_factory() as db:
+        completions = (await db.execute(query)).scalars().all()
+    return [_completion_record(c) for c in completions]
+
+
+def _completion_record(c: Completion) -> CompletionRecord:
+    return CompletionRecord(
+        id=c.id,
+        session_id=c.session_id,
+        parent_id=c.parent_id,
+        prompt_ids=c.prompt_ids,
+        output_ids=c.output_ids,
+        output_logprobs=c.output_logprobs,
+        output_versions=c.output_versions,
+        finish_reason=c.finish_reason,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        top_k=c.top_k,
+        branched=c.branched,
+        request_json=c.request_json,
+        response_json=c.response_json,
+    )
