@@ -191,9 +191,11 @@ class Trajectory(Base):
             " OR (claim_token IS NOT NULL AND claimed_at IS NOT NULL)",
             name="claim_complete",
         ),
-        # The claim query scans unconsumed rows oldest first; consumed rows drop out of this index.
+        # The claim query reads unconsumed rows that are fresh enough: a range on min_version skips
+        # the stale rows that are never claimed, and consumed rows drop out of this index.
         Index(
             "ix_trajectories_unconsumed",
+            "min_version",
             "id",
             sqlite_where=text("consumed_step IS NULL"),
             postgresql_where=text("consumed_step IS NULL"),
@@ -211,7 +213,7 @@ class Trajectory(Base):
     min_version: Mapped[int]  # oldest behaviour version among generated tokens
     created_at: Mapped[Created]
     claimed_at: Mapped[datetime | None]
-    claim_token: Mapped[str | None] = mapped_column(String(36))
+    claim_token: Mapped[str | None] = mapped_column(String(36), index=True)
     consumed_step: Mapped[int | None] = mapped_column(ForeignKey("train_steps.step"), index=True)
 
 

@@ -173,10 +173,11 @@ def upgrade() -> None:
     op.create_index(op.f("ix_trajectories_consumed_step"), "trajectories", ["consumed_step"], unique=False)
     op.create_index(op.f("ix_trajectories_group_id"), "trajectories", ["group_id"], unique=False)
     op.create_index(op.f("ix_trajectories_session_id"), "trajectories", ["session_id"], unique=False)
+    op.create_index(op.f("ix_trajectories_claim_token"), "trajectories", ["claim_token"], unique=False)
     op.create_index(
         "ix_trajectories_unconsumed",
         "trajectories",
-        ["id"],
+        ["min_version", "id"],
         unique=False,
         sqlite_where=sa.text("consumed_step IS NULL"),
         postgresql_where=sa.text("consumed_step IS NULL"),
