@@ -25,22 +25,28 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
-        return sub
+        return commands.add_parser(name, help=help_text, description=help_text)
 
-    engine = command("engine", "run one CPU serving worker (SGLang's native HTTP protocol)")
+    engine = command("engine", "run one serving worker: the CPU engine, or an SGLang server on GPU")
     engine.add_argument("--worker-index", type=int, default=0, help="listen on serving.port + this")
     command("demo", "start an engine with the demo model and ask it one chat question")
     db = command("db", "database schema (Alembic)")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
     db.add_argument("--revision", default=None, help="target revision (upgrade: head; downgrade: -1)")
     command("config", "print the resolved config as YAML")
+    for sub in commands.choices.values():
+        sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come before or after options (`db downgrade --revision base storage.url=...`).
+    args, extra = parser.parse_known_args(argv)
+    unknown = [item for item in extra if item.startswith("-") or "=" not in item]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = [*args.overrides, *extra]
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:
@@ -72,6 +78,8 @@ def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
 
 def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    if config.run.log_level != "DEBUG":  # before alembic's import, which logs its plugins
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     from storage import migrate
 
     url = config.storage.url

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SUPPORTED_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
 
 
 class StorageConfig(BaseModel):
@@ -19,3 +21,11 @@ class StorageConfig(BaseModel):
     """Connections kept open per process."""
     sqlite_busy_timeout_ms: int = Field(30000, ge=0)
     """How long a SQLite writer waits for another writer's lock before failing with 'database is locked'."""
+
+    @field_validator("url")
+    @classmethod
+    def _supported_driver(cls, url: str) -> str:
+        if not url.startswith(SUPPORTED_SCHEMES):
+            scheme = url.split("://", 1)[0]
+            raise ValueError(f"unsupported database {scheme!r}: use {' or '.join(SUPPORTED_SCHEMES)}")
+        return url
