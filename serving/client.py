@@ -446,8 +446,10 @@ class SGLangClient:
                     if await self.health():
                         return
                 last = "health answered non-200"
-            except (WorkerConnectionError, WorkerTimeout, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
+            except (WorkerConnectionError, WorkerTimeout) as exc:
+                last = str(exc)
+            except TimeoutError:
+                pass  # the deadline cut this probe short; report the previous one's outcome
             await asyncio.sleep(min(poll_interval_s, max(deadline - time.monotonic(), 0)))
 
     # ---- plumbing --------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ async def test_wait_until_healthy(client: SGLangClient, worker: ScriptedWorker) 
 async def test_wait_until_healthy_on_a_closed_port_times_out() -> None:
     async with SGLangClient(f"http://127.0.0.1:{free_port()}", FAST_RETRY) as client:
         with pytest.raises(WorkerTimeout, match="cannot connect"):
-            await client.wait_until_healthy(timeout_s=0.1, poll_interval_s=0.01)
+            await client.wait_until_healthy(timeout_s=0.5, poll_interval_s=0.01)
 
 
 # ---- retries and errors -------------------------------------------------------------------------
