@@ -60,10 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_engine(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    serving = config.serving
+    port = serving.port + args.worker_index
+    if serving.backend == "sglang":
+        import asyncio
+
+        from flywheel.sglang_worker import serve_sglang
+
+        (config.run.dir / "logs").mkdir(parents=True, exist_ok=True)
+        return asyncio.run(serve_sglang(serving, port, config.run.dir / "logs"))
     from serving.engine.server import run_engine
 
-    port = config.serving.port + args.worker_index
-    run_engine(config.serving, config.serving.host, port, worker_index=args.worker_index)
+    run_engine(serving, serving.host, port, worker_index=args.worker_index)
     return 0
 
 

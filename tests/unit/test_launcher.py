@@ -230,3 +230,13 @@ async def test_real_sglang_server_serves_and_reloads(tmp_path: Path) -> None:
             assert (await client.model_info())["weight_version"] == "1"
     finally:
         await worker.stop()
+
+
+def test_flywheel_resolves_its_own_models_for_sglang(tmp_path):
+    from flywheel.sglang_worker import sglang_model_path
+    from serving.config import ServingConfig
+
+    hub_id = "Qwen/Qwen2.5-0.5B-Instruct"
+    assert sglang_model_path(ServingConfig(model=hub_id)) == hub_id
+    tiny = sglang_model_path(ServingConfig(model="tiny", cache_dir=tmp_path))
+    assert tiny.startswith(str(tmp_path)) and (tmp_path / "models").is_dir()
