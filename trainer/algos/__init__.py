@@ -1,0 +1,1 @@
+"""The RL maths as pure torch functions: token logprobs, advantages, the decoupled PPO loss."""
