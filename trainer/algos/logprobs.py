@@ -42,7 +42,7 @@ class _TokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         logits: Tensor,  # (B, T, V)
         tokens: Tensor,  # (B, T)
@@ -63,7 +63,7 @@ class _TokenLogprobs(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor | None, None, None, None]:
         logits, tokens, temp, lse = ctx.saved_tensors  # type: ignore[attr-defined]
