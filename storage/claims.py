@@ -259,6 +259,7 @@ async def _load_samples(db: AsyncSession, ids: Sequence[int]) -> tuple[TrainingS
             versions=t.versions,
             reward=t.reward,
             group_id=t.group_id,
+            temperature=t.temperature,
         )
         for t in rows
     )

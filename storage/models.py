@@ -210,6 +210,8 @@ class Trajectory(Base):
     logprobs: Mapped[FloatArray]
     versions: Mapped[IntArray]  # per token; -1 for tokens the policy did not generate
     reward: Mapped[float] = mapped_column(Double)
+    # Sampling temperature of the generated tokens: the trainer's logprobs must use the same one.
+    temperature: Mapped[float] = mapped_column(Double, server_default=text("1.0"))
     min_version: Mapped[int]  # oldest behaviour version among generated tokens
     created_at: Mapped[Created]
     claimed_at: Mapped[datetime | None]

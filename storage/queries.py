@@ -254,6 +254,7 @@ def _trajectory_row(t: TrajectoryRecord) -> dict[str, Any]:
         "logprobs": t.logprobs,
         "versions": t.versions,
         "reward": float(t.reward),
+        "temperature": float(t.temperature),
         "min_version": int(generated.min()),
     }
 

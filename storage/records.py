@@ -68,6 +68,7 @@ class TrajectoryRecord:
     logprobs: FloatsLike  # behaviour logprobs; any value where the mask is False
     versions: IntsLike  # per token; -1 for tokens the policy did not generate
     reward: float
+    temperature: float = 1.0  # the generated tokens' sampling temperature
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -81,6 +82,7 @@ class TrainingSample:
     versions: IntArray  # (T,) -1 for prompt and tool tokens
     reward: float
     group_id: str | None  # None: a singleton, normalised with batch baselines
+    temperature: float = 1.0  # compute the trainer's logprobs at this sampling temperature
 
     @property
     def min_version(self) -> int:
