@@ -1,0 +1,60 @@
+"""Serving the engine app with uvicorn: `run_engine` (the `flywheel engine` entry point, blocking) and
+`serve_in_thread` (the same server on a loopback port in a background thread, for tests and benchmarks)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fastapi import FastAPI
+
+from serving.config import ServingConfig
+from serving.engine.app import create_engine_app
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["create_engine_app", "run_engine", "serve_in_thread"]
+
+
+def run_engine(config: ServingConfig, host: str, port: int, worker_index: int = 0) -> None:
+    """Load `config.model` and serve SGLang's native API on host:port until interrupted."""
+    import torch
+    import uvicorn
+
+    from serving.models.loading import load_model
+
+    if config.cpu.num_threads is not None:
+        torch.set_num_threads(config.cpu.num_threads)  # before loading: loading runs torch ops too
+    loaded = load_model(config.model, dtype=config.cpu.dtype, cache_dir=config.cache_dir)
+    app = create_engine_app(config, loaded, host=host, port=port, worker_index=worker_index)
+    logger.info("CPU engine %d listening on http://%s:%d", worker_index, host, port)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                    startup_timeout_s: float = 60.0) -> Iterator[str]:
+    """Run `app` under uvicorn in a daemon thread; yield its base URL; shut it down on exit."""
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
