@@ -1,0 +1,30 @@
+"""Session finalizer sub-config: how rewards become trajectory rewards, and when sessions are finalized."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FinalizerConfig(BaseModel):
+    """How the session finalizer turns a session's completions and rewards into trajectories."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    style: Literal["individual"] = "individual"
+    """"individual": one trajectory per trainable completion (its full prompt masked, its output
+    trained). Concatenating multi-turn conversations into one sequence comes later."""
+    turn_discount: float = Field(1.0, ge=0.0, le=1.0)
+    """γ of `R_i = r_i + γ·R_{i+1}`, walking back over a session's trainable completions in call order.
+    1.0 gives every turn the whole session's reward; 0.0 keeps each turn's own reward."""
+    missing_reward: Literal["zero", "drop"] = "zero"
+    """A session finalized with no reward at all: "zero" trains on it with reward 0 (AReaL's behaviour),
+    "drop" writes no trajectories for it. Either way a warning is logged."""
+    reward_grace_s: float = Field(60.0, ge=0.0)
+    """How long an ended session without any reward waits for one before the sweep finalizes it under
+    `missing_reward` (a driver may end a session first and post its reward afterwards)."""
+    session_ttl_s: float = Field(3600.0, gt=0.0)
+    """A session still active this long after it was created is ended and finalized by the sweep."""
+    sweep_interval_s: float = Field(5.0, gt=0.0)
+    """Seconds between background sweeps for ended, expired or missed sessions."""

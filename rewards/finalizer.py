@@ -1,0 +1,226 @@
+"""The session finalizer: turns ended, rewarded sessions into trajectories, once each.
+
+Exactly-once rests on the database: `storage.queries.insert_trajectories` moves the session to
+"finalized" and writes its trajectories in one transaction, and refuses a session already finalized, so
+two finalizers (or two calls) never write a session twice. Within one process, `session_guard`
+serialises a session's reward writes with its finalization, so a reward the API accepted is always seen
+by the finalization that follows it (a reward arriving after it is refused by the API).
+
+When a session is finalized:
+- on request (`finalize`, or `schedule(now=True)` — AReaL's end_session): now, with what it has;
+- `schedule(session_id)` after an end or a reward: when it has ended and is ready (`rewards.finalize.
+  is_ready`: a session reward, or a reward on every trainable completion);
+- by the sweep: ended sessions that are ready (catching up after a restart), ended sessions that waited
+  `reward_grace_s` for a reward, and sessions still active `session_ttl_s` after creation (ended first).
+A session finalized without any reward follows `missing_reward` ("zero" or "drop"), with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+
+from rewards.config import FinalizerConfig
+from rewards.finalize import (
+    build_session_trajectories,
+    combine_rewards,
+    is_ready,
+    is_trainable,
+)
+from rewards.snapshot import SessionSnapshot, as_utc, load_session_snapshot
+from storage.engine import SessionFactory
+from storage.models import Session, SessionStatus
+from storage.queries import end_session, insert_trajectories
+from storage.records import TrajectoryRecord
+
+logger = logging.getLogger(__name__)
+
+_SWEEP_BATCH = 500  # sessions looked at per category and sweep
+
+
+class SessionActiveError(ValueError):
+    """Finalizing needs an ended session: end it first."""
+
+
+@dataclass(eq=False)
+class _Guard:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+class SessionFinalizer:
+    """Builds and writes each ended session's trajectories exactly once (see the module docstring)."""
+
+    def __init__(self, session_factory: SessionFactory, config: FinalizerConfig) -> None:
+        self._session_factory = session_factory
+        self.config = config
+        self._tasks: set[asyncio.Task[int | None]] = set()
+        self._guards: dict[str, _Guard] = {}
+
+    @contextlib.asynccontextmanager
+    async def session_guard(self, session_id: str) -> AsyncIterator[None]:
+        """Hold while checking a session's status and writing its reward or end: its finalization
+        in this process waits for it."""
+        guard = self._guards.setdefault(session_id, _Guard())
+        guard.users += 1
+        try:
+            async with guard.lock:
+                yield
+        finally:
+            guard.users -= 1
+            if guard.users == 0:
+                del self._guards[session_id]
+
+    async def finalize(self, session_id: str) -> int:
+        """Finalize an ended session now, with whatever rewards it has. Returns the number of
+        trajectories written: 0 if it was finalized already (by anyone) or yields none.
+        LookupError for an unknown session, SessionActiveError for one not ended."""
+        async with self.session_guard(session_id):
+            written = await self._finalize_locked(session_id, require_ready=False)
+        return written or 0
+
+    async def finalize_if_ready(self, session_id: str) -> int | None:
+        """Finalize the session if it has ended and is ready; None (nothing done) otherwise."""
+        async with self.session_guard(session_id):
+            return await self._finalize_locked(session_id, require_ready=True)
+
+    def schedule(self, session_id: str, *, now: bool = False) -> asyncio.Task[int | None]:
+        """Finalize in the background (`now`: whatever its rewards, else only when ready), so an HTTP
+        answer does not wait for it; `wait_idle` awaits every scheduled finalization."""
+        work = self.finalize(session_id) if now else self.finalize_if_ready(session_id)
+        task: asyncio.Task[int | None] = asyncio.create_task(work, name=f"finalize {session_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    async def wait_idle(self) -> None:
+        """Return once no scheduled finalization is running (failures are logged, not raised)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def run(self, stop_event: asyncio.Event) -> None:
+        """Sweep every `sweep_interval_s` until `stop_event` is set; a failed sweep is logged and the
+        next one tries again."""
+        while not stop_event.is_set():
+            try:
+                await self.sweep()
+            except Exception:  # a background loop must outlive a database hiccup
+                logger.exception("session sweep failed; retrying in %.1f s", self.config.sweep_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop_event.wait(), timeout=self.config.sweep_interval_s)
+        await self.wait_idle()
+
+    async def sweep(self) -> int:
+        """One pass: end and finalize expired sessions; finalize ended ones that are ready or waited
+        long enough for a reward. Returns how many sessions it finalized."""
+        now = datetime.now(UTC)
+        expired, ended = await self._due_sessions(now)
+        grace_cutoff = now - timedelta(seconds=self.config.reward_grace_s)
+        due = [(session_id, ended_at <= grace_cutoff) for session_id, ended_at in ended]
+        for session_id in expired:
+            if await end_session(self._session_factory, session_id):
+                logger.info("session %s: ended by its %.0f s TTL", session_id, self.config.session_ttl_s)
+            due.append((session_id, True))  # abandoned: no reward is coming any more
+        finalized = 0
+        for session_id, waited_enough in due:
+            async with self.session_guard(session_id):
+                done = await self._finalize_locked(session_id, require_ready=not waited_enough)
+            finalized += done is not None
+        return finalized
+
+    async def _due_sessions(self, now: datetime) -> tuple[list[str], list[tuple[str, datetime]]]:
+        ttl_cutoff = now - timedelta(seconds=self.config.session_ttl_s)
+        async with self._session_factory() as db:
+            expired = (
+                await db.execute(
+                    select(Session.id)
+                    .where(Session.status == SessionStatus.ACTIVE.value, Session.created_at <= ttl_cutoff)
+                    .order_by(Session.created_at)
+                    .limit(_SWEEP_BATCH)
+                )
+            ).scalars()
+            ended = (
+                await db.execute(
+                    select(Session.id, Session.ended_at)
+                    .where(Session.status == SessionStatus.ENDED.value)
+                    .order_by(Session.ended_at)
+                    .limit(_SWEEP_BATCH)
+                )
+            ).all()
+            return list(expired), [(row.id, as_utc(row.ended_at or now)) for row in ended]
+
+    async def _finalize_locked(self, session_id: str, *, require_ready: bool) -> int | None:
+        """Under the session's guard: None if not ready (with `require_ready`), else trajectories written."""
+        snapshot = await load_session_snapshot(self._session_factory, session_id)
+        if snapshot is None:
+            raise LookupError(f"no session {session_id!r}")
+        if snapshot.status == SessionStatus.FINALIZED.value:
+            return 0
+        if snapshot.status == SessionStatus.ACTIVE.value:
+            if require_ready:
+                return None
+            raise SessionActiveError(f"session {session_id} is still active: end it before finalizing")
+        rewards = combine_rewards(snapshot.reward_entries())
+        trainable = [c.id for c in snapshot.completions if is_trainable(c)]
+        if require_ready and not is_ready(rewards, trainable):
+            return None
+        trajectories = await asyncio.to_thread(self._trajectories, snapshot)
+        return await self._write(session_id, trajectories)
+
+    def _trajectories(self, snapshot: SessionSnapshot) -> list[TrajectoryRecord]:
+        rewards = combine_rewards(snapshot.reward_entries())
+        trainable = {c.id for c in snapshot.completions if is_trainable(c)}
+        excluded = len(snapshot.completions) - len(trainable)
+        ignored = sorted(set(rewards.completions) - trainable)
+        if ignored:
+            logger.warning("session %s: rewards on untrainable completions ignored: %s", snapshot.id, ignored)
+        if rewards.empty:
+            logger.warning(
+                "session %s: finalized without any reward (missing_reward=%s)",
+                snapshot.id,
+                self.config.missing_reward,
+            )
+            if self.config.missing_reward == "drop":
+                return []
+        try:
+            trajectories = build_session_trajectories(
+                snapshot.completions, rewards, self.config.turn_discount
+            )
+        except ValueError:
+            # Broken history (a missing parent, an overflowing reward): reject the session rather than
+            # retry it forever and hold its group back.
+            logger.exception("session %s: cannot build trajectories; finalizing it without any", snapshot.id)
+            return []
+        logger.info(
+            "session %s: %d trajectories from %d completions (%d excluded: aborted, empty or unversioned)",
+            snapshot.id,
+            len(trajectories),
+            len(snapshot.completions),
+            excluded,
+        )
+        return trajectories
+
+    async def _write(self, session_id: str, trajectories: list[TrajectoryRecord]) -> int:
+        try:
+            ids = await insert_trajectories(self._session_factory, session_id, trajectories)
+        except ValueError:
+            if await self._status(session_id) != SessionStatus.FINALIZED.value:
+                raise
+            logger.info("session %s: finalized concurrently elsewhere; nothing written here", session_id)
+            return 0
+        return len(ids)
+
+    async def _status(self, session_id: str) -> str | None:
+        async with self._session_factory() as db:
+            return await db.scalar(select(Session.status).where(Session.id == session_id))
+
+    def _task_done(self, task: asyncio.Task[int | None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s failed; the sweep will retry", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,128 @@
+"""Read one session as the finalizer and the RL API see it: its row, its completions in call order and
+its rewards in arrival order, read in one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from rewards.finalize import RewardEntry
+from storage.engine import SessionFactory
+from storage.models import Completion, Reward, Session
+from storage.records import CompletionRecord
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredReward:
+    """A reward row as the RL API reports it."""
+
+    id: int
+    value: float
+    source: str
+    completion_id: str | None
+    details: dict[str, Any]
+    created_at: datetime
+
+    def entry(self) -> RewardEntry:
+        return RewardEntry(value=self.value, source=self.source, completion_id=self.completion_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SessionSnapshot:
+    """A session with everything recorded for it."""
+
+    id: str
+    status: str
+    group_id: str | None
+    task: Any
+    metadata: dict[str, Any]
+    created_at: datetime
+    ended_at: datetime | None
+    completions: tuple[CompletionRecord, ...]  # call order: created_at, then id
+    rewards: tuple[StoredReward, ...]  # arrival order
+
+    def reward_entries(self) -> list[RewardEntry]:
+        return [reward.entry() for reward in self.rewards]
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def load_session_snapshot(session_factory: SessionFactory, session_id: str) -> SessionSnapshot | None:
+    """The session with its completions and rewards, or None if there is no such session."""
+    async with session_factory() as db, db.begin():
+        session = await db.get(Session, session_id)
+        if session is None:
+            return None
+        completions = await _completions(db, session_id)
+        rewards = await _rewards(db, session_id)
+    return SessionSnapshot(
+        id=session.id,
+        status=session.status,
+        group_id=session.group_id,
+        task=session.task,
+        metadata=dict(session.metadata_),
+        created_at=as_utc(session.created_at),
+        ended_at=None if session.ended_at is None else as_utc(session.ended_at),
+        completions=tuple(completions),
+        rewards=tuple(rewards),
+    )
+
+
+async def _completions(db: AsyncSession, session_id: str) -> list[CompletionRecord]:
+    rows = (
+        await db.execute(
+            select(Completion)
+            .where(Completion.session_id == session_id)
+            .order_by(Completion.created_at, Completion.id)
+        )
+    ).scalars()
+    return [_completion_record(c) for c in rows]
+
+
+async def _rewards(db: AsyncSession, session_id: str) -> Sequence[StoredReward]:
+    of_session_completions = select(Completion.id).where(Completion.session_id == session_id)
+    rows = (
+        await db.execute(
+            select(Reward)
+            .where(or_(Reward.session_id == session_id, Reward.completion_id.in_(of_session_completions)))
+            .order_by(Reward.id)
+        )
+    ).scalars()
+    return [
+        StoredReward(
+            id=r.id,
+            value=r.value,
+            source=r.source,
+            completion_id=r.completion_id,
+            details=dict(r.details),
+            created_at=as_utc(r.created_at),
+        )
+        for r in rows
+    ]
+
+
+def _completion_record(c: Completion) -> CompletionRecord:
+    return CompletionRecord(
+        id=c.id,
+        session_id=c.session_id,
+        parent_id=c.parent_id,
+        prompt_ids=c.prompt_ids,
+        output_ids=c.output_ids,
+        output_logprobs=c.output_logprobs,
+        output_versions=c.output_versions,
+        finish_reason=c.finish_reason,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        top_k=c.top_k,
+        branched=c.branched,
+        request_json=c.request_json,
+        response_json=c.response_json,
+    )
