@@ -1,0 +1,137 @@
+"""Bearer-key auth: keys are stored only as sha256 digests with a scope (admin, or one session).
+
+FastAPI dependencies:
+- `require_principal`: OpenAI routes. The key must exist, be unrevoked and, for a session key, belong
+  to a session that is still active: a session's key stops working for inference once it has ended.
+- `require_key`: RL control routes. Like `require_principal`, but a session key of an ended session
+  still authenticates (rewards may arrive after the end); the route decides what it may do.
+- `require_admin`: admin-only routes (403 for a session key).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import Depends, Request
+from sqlalchemy import select
+
+from proxy.errors import OpenAIError
+from storage.engine import SessionFactory
+from storage.models import ApiKey, KeyScope, Session, SessionStatus
+from storage.queries import create_admin_key as store_admin_key
+from storage.queries import hash_api_key
+
+ADMIN_KEY_PREFIX = "fw-admin-"
+SESSION_KEY_PREFIX = "fw-sess-"
+
+Scope = Literal["admin", "session"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: an admin, or the holder of one session's key."""
+
+    scope: Scope
+    session_id: str | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope == "admin"
+
+    def may_act_on(self, session_id: str) -> bool:
+        """Admins act on any session, a session key only on its own."""
+        return self.is_admin or self.session_id == session_id
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLookup:
+    """A stored key and, for a session key, whether its session is still active."""
+
+    principal: Principal
+    session_active: bool
+
+
+def generate_api_key(prefix: str) -> str:
+    """A new bearer key: `prefix` then 43 url-safe characters (256 random bits)."""
+    return f"{prefix}{secrets.token_urlsafe(32)}"
+
+
+async def create_admin_key(session_factory: SessionFactory) -> str:
+    """Store a new admin key (hashed) and return its plaintext: the only time anyone sees it."""
+    key = generate_api_key(ADMIN_KEY_PREFIX)
+    await store_admin_key(session_factory, hash_api_key(key))
+    return key
+
+
+async def lookup_key(session_factory: SessionFactory, key: str) -> KeyLookup | None:
+    """The unrevoked key with this plaintext, with its session's state; None if there is none."""
+    query = (
+        select(ApiKey.scope, ApiKey.session_id, Session.status)
+        .outerjoin(Session, Session.id == ApiKey.session_id)
+        .where(ApiKey.key_hash == hash_api_key(key), ApiKey.revoked_at.is_(None))
+    )
+    async with session_factory() as db:
+        row = (await db.execute(query)).one_or_none()
+    if row is None:
+        return None
+    if row.scope == KeyScope.ADMIN.value:
+        return KeyLookup(Principal("admin", None), session_active=True)
+    active = row.status == SessionStatus.ACTIVE.value
+    return KeyLookup(Principal("session", row.session_id), session_active=active)
+
+
+def bearer_key(request: Request) -> str:
+    """The key of `Authorization: Bearer <key>`; 401 if the header is missing or malformed."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise _unauthorized(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            if not header
+            else "Malformed Authorization header: expected 'Bearer <key>'."
+        )
+    return key
+
+
+async def require_key(request: Request) -> Principal:
+    """The caller of an RL control route: any valid key, including that of an ended session."""
+    lookup = await _lookup(request)
+    return lookup.principal
+
+
+async def require_principal(request: Request) -> Principal:
+    """The caller of an OpenAI route: a valid admin key, or the key of a session still active."""
+    lookup = await _lookup(request)
+    if not lookup.session_active:
+        raise _unauthorized(
+            f"Session {lookup.principal.session_id} has ended; its API key no longer works for inference."
+        )
+    return lookup.principal
+
+
+def require_admin(principal: Annotated[Principal, Depends(require_key)]) -> Principal:
+    """The caller of an admin route; 403 for a session key."""
+    if not principal.is_admin:
+        raise OpenAIError(
+            403, "This route needs an admin API key.", "permission_error", code="admin_required"
+        )
+    return principal
+
+
+async def _lookup(request: Request) -> KeyLookup:
+    key = bearer_key(request)
+    session_factory: SessionFactory = request.app.state.services.session_factory
+    lookup = await lookup_key(session_factory, key)
+    if lookup is None:
+        raise _unauthorized("Incorrect API key provided.")
+    return lookup
+
+
+def _unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(
+        401, message, "authentication_error", code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

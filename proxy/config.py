@@ -1,0 +1,42 @@
+"""Proxy sub-config (`proxy` in the root config): where the OpenAI-compatible proxy listens and how it
+answers and records."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProxyConfig(BaseModel):
+    """The OpenAI-compatible proxy (`flywheel proxy`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; 0.0.0.0 to accept connections from other machines."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port to listen on (0 picks a free one; tests only)."""
+    public_base_url: str | None = None
+    """The OpenAI base URL handed to agents (`/rl/v1/sessions` returns it as `base_url`);
+    None means http://{host}:{port}/v1."""
+    default_max_tokens: int = Field(4096, ge=1)
+    """Output length when a request gives neither max_tokens nor max_completion_tokens; always bounded
+    by what is left of the context after the prompt."""
+    context_length: int | None = Field(None, ge=16)
+    """Longest prompt + output in tokens. None takes serving's configured context length, else the
+    model's max_position_embeddings. A prompt that leaves no room is a 400 context_length_exceeded;
+    a requested max_tokens beyond the room left is lowered to fit."""
+    record_batch_max: int = Field(256, ge=1)
+    """Most completions written in one transaction by the recorder's group commit."""
+    tokenize_in_thread_chars: int = Field(8192, ge=0)
+    """Render and tokenize prompts of more characters than this in a worker thread, so long prompts
+    do not stall the event loop; shorter ones are faster inline."""
+    worker_failure_cooldown_s: float = Field(5.0, ge=0)
+    """After a connection failure a worker is tried last for this long."""
+    log_requests: bool = False
+    """Log one line per request (method, path, status, latency, request id)."""
+
+    def base_url(self) -> str:
+        """The OpenAI base URL agents should use."""
+        if self.public_base_url:
+            return self.public_base_url.rstrip("/")
+        return f"http://{self.host}:{self.port}/v1"

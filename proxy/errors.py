@@ -1,0 +1,159 @@
+"""OpenAI-shaped errors: `OpenAIError` for our own refusals, and the app's exception handlers that render
+every failure (ours, FastAPI's validation, Starlette's HTTP errors, unexpected bugs) as
+`{"error": {"message", "type", "param", "code"}}` with the status the `openai` client maps."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+ErrorType = Literal[
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "conflict_error",
+    "rate_limit_error",
+    "server_error",
+]
+
+REQUEST_ID_HEADER = "x-request-id"
+
+_TYPE_BY_STATUS: dict[int, ErrorType] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",  # OpenAI words unknown URLs and models as invalid requests
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class OpenAIError(Exception):
+    """A refusal rendered as OpenAI renders it. `headers` are added to the response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: ErrorType,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The JSON object OpenAI answers (and streams) for an error."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(
+    status: int, body: dict[str, Any], request: Request, headers: Mapping[str, str] | None = None
+) -> Response:
+    all_headers = dict(headers or {})
+    request_id = getattr(request.state, "request_id", None)
+    if request_id:
+        all_headers[REQUEST_ID_HEADER] = request_id
+    return Response(
+        msgspec.json.encode(body), status_code=status, media_type="application/json", headers=all_headers
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error the app can raise in OpenAI's shape."""
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _openai_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, OpenAIError)
+    return error_response(exc.status, exc.body(), request, exc.headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    message, param, code = describe_validation_errors(exc.errors())
+    return error_response(400, error_body(message, "invalid_request_error", param, code), request)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    error_type = _TYPE_BY_STATUS.get(exc.status_code, "server_error" if exc.status_code >= 500 else
+                                     "invalid_request_error")
+    if exc.status_code in (404, 405):
+        message = f"Invalid URL ({request.method} {request.url.path})"
+        code = "unknown_url" if exc.status_code == 404 else "method_not_allowed"
+    else:
+        message, code = str(exc.detail), None
+    return error_response(exc.status_code, error_body(message, error_type, None, code), request, exc.headers)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    logger.error(
+        "unhandled error on %s %s (request %s)",
+        request.method,
+        request.url.path,
+        getattr(request.state, "request_id", "-"),
+        exc_info=exc,
+    )
+    body = error_body("The server had an error while processing your request.", "server_error")
+    return error_response(500, body, request)
+
+
+def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None, str]:
+    """(message, param, code) for pydantic/FastAPI validation errors, naming the first bad field as
+    OpenAI does (`messages[0].content`)."""
+    if not errors:
+        return "Invalid request body.", None, "invalid_request"
+    first = errors[0]
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    param = _param_name(loc) or None
+    kind = str(first.get("type", ""))
+    if kind == "json_invalid":
+        return "We could not parse the JSON body of your request.", None, "invalid_json"
+    if kind == "missing":
+        return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+    detail = str(first.get("msg", "invalid value"))
+    where = f"'{param}'" if param else "the request body"
+    if kind.endswith("_type") or kind in ("model_type", "model_attributes_type", "dict_type", "list_type"):
+        return f"Invalid type for {where}: {detail}.", param, "invalid_type"
+    return f"Invalid value for {where}: {detail}.", param, "invalid_value"
+
+
+def _param_name(loc: Sequence[Any]) -> str:
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif not name:
+            name = str(part)
+        elif str(part).startswith(("function-", "tagged-union", "union")):
+            continue  # pydantic names union branches in the location; OpenAI does not
+        else:
+            name += f".{part}"
+    return name

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one proxy app, on its own CollectorRegistry (never the global default, so any
+number of apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ProxyMetrics:
+    """Requests, tokens, latencies, worker health and recorder batches."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "flywheel_proxy_requests", "HTTP requests answered", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "flywheel_proxy_request_seconds", "Time from request to the end of the response", ["route"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "flywheel_proxy_time_to_first_token_seconds", "Streaming: request to first content chunk",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.tokens = Counter(
+            "flywheel_proxy_tokens", "Tokens served", ["kind"], registry=self.registry
+        )
+        self.completions = Counter(
+            "flywheel_proxy_completions", "Completions recorded", ["finish_reason"], registry=self.registry
+        )
+        self.worker_in_flight = Gauge(
+            "flywheel_proxy_worker_in_flight", "Requests in flight per worker", ["worker"],
+            registry=self.registry,
+        )
+        self.worker_errors = Counter(
+            "flywheel_proxy_worker_errors", "Failed calls to workers", ["worker", "kind"],
+            registry=self.registry,
+        )
+        self.record_batch_size = Histogram(
+            "flywheel_proxy_record_batch_size", "Completions written per recorder transaction",
+            buckets=_BATCH_BUCKETS, registry=self.registry,
+        )
+        self.record_seconds = Histogram(
+            "flywheel_proxy_record_seconds", "Time of one recorder transaction",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.record_failures = Counter(
+            "flywheel_proxy_record_failures", "Completions that could not be written", registry=self.registry
+        )
+        self.stream_disconnects = Counter(
+            "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
+            registry=self.registry,
+        )
