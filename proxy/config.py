@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rewards.config import FinalizerConfig
+
 
 class ProxyConfig(BaseModel):
     """The OpenAI-compatible proxy (`flywheel proxy`)."""
@@ -34,6 +36,8 @@ class ProxyConfig(BaseModel):
     """After a connection failure a worker is tried last for this long."""
     log_requests: bool = False
     """Log one line per request (method, path, status, latency, request id)."""
+    finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)
+    """The session finalizer the proxy runs: turn discount, missing rewards, session TTL, sweeps."""
 
     def base_url(self) -> str:
         """The OpenAI base URL agents should use."""

@@ -19,6 +19,7 @@ from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.recorder import Recorder
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
+from rewards.finalizer import SessionFinalizer
 from serving.client import WorkerPool
 from serving.config import ServingConfig
 from serving.models.loading import default_cache_dir, resolve_model_dir
@@ -45,6 +46,9 @@ class ProxyServices:
     balancer: Balancer
     served_model_name: str
     metrics: ProxyMetrics
+    finalizer: SessionFinalizer | None = None
+    """Turns ended, rewarded sessions into trajectories; started and stopped by the RL router's
+    lifespan (proxy/rl_routes.py), which runs inside this app's."""
     started_at: int = field(default_factory=lambda: int(time.time()))
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     """Tasks that outlive a request (a stream's recording after the client left); awaited at shutdown."""
