@@ -145,15 +145,22 @@ def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None, 
     return f"Invalid value for {where}: {detail}.", param, "invalid_value"
 
 
+_BRANCH_NAMES = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "None"})
+
+
 def _param_name(loc: Sequence[Any]) -> str:
     name = ""
     for part in loc:
         if isinstance(part, int):
             name += f"[{part}]"
+        elif _is_union_branch(str(part)):
+            continue  # pydantic names the union branch it tried in the location; OpenAI does not
         elif not name:
             name = str(part)
-        elif str(part).startswith(("function-", "tagged-union", "union")):
-            continue  # pydantic names union branches in the location; OpenAI does not
         else:
             name += f".{part}"
     return name
+
+
+def _is_union_branch(part: str) -> bool:
+    return part in _BRANCH_NAMES or "[" in part or part[:1].isupper()

@@ -31,11 +31,16 @@ class ChatTokenizer:
         self._byte_decoder = _byte_level_decoder() if _is_byte_level(backend) else None
         self._added = {int(i): t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self.token_bytes = lru_cache(maxsize=_TOKEN_BYTES_CACHE)(self._token_bytes)
+        # OpenAI's `developer` role is the system role of newer models; templates that never heard of
+        # it get a system message instead.
+        self._knows_developer = "developer" in str(tokenizer.chat_template)
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Prompt token ids of `messages` with the generation prompt appended."""
         import jinja2
 
+        if not self._knows_developer:
+            messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,

@@ -1,0 +1,118 @@
+"""The proxy's FastAPI app: OpenAI API, RL control API, /metrics and /health, OpenAI-shaped errors and an
+`x-request-id` on every answer. State is built in the lifespan (see proxy/services.py)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.config import ProxyConfig
+from proxy.errors import REQUEST_ID_HEADER, install_error_handlers
+from proxy.openai_routes import build_openai_router
+from proxy.services import ProxyServices, build_services, get_services
+from serving.config import ServingConfig
+from storage.config import StorageConfig
+
+logger = logging.getLogger(__name__)
+
+_MAX_CLIENT_REQUEST_ID = 128
+
+
+def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> FastAPI:
+    """The proxy app; its services (database, tokenizer, workers, recorder) start with the app."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with build_services(proxy, storage, serving) as services:
+            app.state.services = services
+            yield
+
+    app = FastAPI(title="Flywheel proxy", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
+    app.include_router(build_openai_router())
+    rl_router = _rl_router()
+    if rl_router is not None:
+        app.include_router(rl_router)
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
+    return app
+
+
+def _rl_router() -> APIRouter | None:
+    # TODO(issue 3): import unconditionally once proxy/rl_routes.py lands.
+    try:
+        from proxy.rl_routes import build_rl_router  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != "proxy.rl_routes":
+            raise
+        return None
+    router: APIRouter = build_rl_router()
+    return router
+
+
+async def metrics(services: Annotated[ProxyServices, Depends(get_services)]) -> Response:
+    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def health() -> Response:
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+class RequestContextMiddleware:
+    """Pure ASGI (no per-request task): gives each request an id (the client's `x-request-id` if it
+    sent a sane one), returns it as `x-request-id`, counts and times the request per route, and logs
+    it when asked."""
+
+    def __init__(self, app: ASGIApp, log_requests: bool = False) -> None:
+        self.app = app
+        self.log_requests = log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._observe(scope, status, time.perf_counter() - started, request_id)
+
+    def _observe(self, scope: Scope, status: int, elapsed: float, request_id: str) -> None:
+        route = scope.get("route")
+        label = getattr(route, "path", None) or "unmatched"
+        services: Any = getattr(scope["app"].state, "services", None)
+        if services is not None:
+            services.metrics.requests.labels(label, str(status)).inc()
+            services.metrics.latency.labels(label).observe(elapsed)
+        if self.log_requests:
+            logger.info("%s %s -> %d in %.1f ms (request %s)", scope["method"], scope["path"], status,
+                        elapsed * 1000, request_id)
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and 0 < len(value) <= _MAX_CLIENT_REQUEST_ID:
+            return value.decode("latin-1")
+    return f"req_{secrets.token_hex(12)}"

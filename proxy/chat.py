@@ -1,0 +1,116 @@
+"""`POST /v1/chat/completions`: render the prompt token-exactly, generate on a worker, record the
+completion, then answer (as one JSON object, or as a stream).
+
+Which session a completion belongs to: the session of the session key. An admin key has no session, so
+each admin call gets its own session, created for that call, ended as soon as its completions are
+recorded, and named in the `x-flywheel-session-id` response header (reward it or its completions
+through the RL API like any other).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Depends, Request
+from fastapi.responses import Response, StreamingResponse
+
+from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
+from proxy.errors import OpenAIError
+from proxy.generation import GenerationPlan, generate, open_stream, plan_generation
+from proxy.responses import chat_completion, completion_records
+from proxy.schemas import ChatCompletionRequest
+from proxy.services import ProxyServices, get_services
+from proxy.streaming import ChatStream
+from storage.queries import create_session, end_session, hash_api_key
+from storage.records import SessionRecord
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-flywheel-session-id"
+ADMIN_CALL_ORIGIN = "admin-call"
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def create_chat_completion(
+    request: Request,
+    body: ChatCompletionRequest,
+    principal: Annotated[Principal, Depends(require_principal)],
+    services: Annotated[ProxyServices, Depends(get_services)],
+) -> Response:
+    request_json = _request_json(await request.body())
+    prompt_ids = await services.tokenizer.render_async(
+        body.template_messages(), body.template_tools(), services.config.tokenize_in_thread_chars
+    )
+    session_id = principal.session_id or uuid.uuid4().hex
+    plan = plan_generation(
+        body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
+        services.served_model_name,
+    )
+    end_call_session = None if principal.session_id else await _open_call_session(services, session_id)
+    headers = {SESSION_HEADER: session_id}
+    if body.streaming:
+        try:
+            worker, stream, first = await open_stream(services.balancer, plan)
+        except OpenAIError:
+            if end_call_session is not None:
+                await end_call_session()
+            raise
+        chat_stream = ChatStream(services, plan, body, request_json, worker, stream, first, end_call_session)
+        return StreamingResponse(
+            chat_stream.events(), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers}
+        )
+    try:
+        response_json = await _complete(services, plan, body, request_json)
+    finally:
+        if end_call_session is not None:
+            await end_call_session()
+    return Response(msgspec.json.encode(response_json), media_type="application/json", headers=headers)
+
+
+async def _complete(
+    services: ProxyServices, plan: GenerationPlan, body: ChatCompletionRequest, request_json: dict[str, Any]
+) -> dict[str, Any]:
+    """Generate, record, and return the response object; 500 if it could not be recorded."""
+    results = await generate(services.balancer, plan)
+    response_json = chat_completion(plan, results, body, services.tokenizer)
+    records = completion_records(plan, results, request_json, response_json)
+    try:
+        await services.recorder.record(records)
+    except Exception as exc:
+        raise OpenAIError(
+            500, "The completion could not be recorded, so it is not returned.", "server_error",
+            code="record_failed",
+        ) from exc
+    metrics = services.metrics
+    for result in results:
+        metrics.completions.labels(result.finish_reason).inc()
+    metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
+    metrics.tokens.labels("completion").inc(response_json["usage"]["completion_tokens"])
+    return response_json
+
+
+async def _open_call_session(services: ProxyServices, session_id: str) -> Callable[[], Awaitable[None]]:
+    """Create the session of one admin call; return the function that ends it."""
+    # A session needs a key to exist; nobody ever learns this one.
+    key_hash = hash_api_key(generate_api_key(SESSION_KEY_PREFIX))
+    await create_session(
+        services.session_factory,
+        SessionRecord(id=session_id, key_hash=key_hash, metadata={"origin": ADMIN_CALL_ORIGIN}),
+    )
+
+    async def end_call_session() -> None:
+        await end_session(services.session_factory, session_id)
+
+    return end_call_session
+
+
+def _request_json(raw: bytes) -> dict[str, Any]:
+    payload = msgspec.json.decode(raw)
+    if not isinstance(payload, dict):  # FastAPI has already validated the body as an object
+        raise OpenAIError(400, "The request body must be a JSON object.", "invalid_request_error")
+    return payload

@@ -1,0 +1,249 @@
+"""From a chat request to a worker's `/generate` and back: the generation plan (prompt ids, SGLang
+sampling params, completion ids), worker calls with failover, and the worker's answer read into
+per-choice results (tokens, logprobs, per-token policy versions)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from proxy.balancer import Balancer, Worker
+from proxy.errors import OpenAIError
+from proxy.schemas import ChatCompletionRequest
+from proxy.tokenize import ChatTokenizer
+from serving.client import GenerateRequest, SamplingParams
+from serving.errors import (
+    WorkerBadRequest,
+    WorkerConnectionError,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerProtocolError,
+    WorkerTimeout,
+)
+
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+DEFAULT_TOP_P = 1.0
+NO_TOP_K = -1
+_MIN_TOP_P = 1e-6  # SGLang requires top_p > 0; top_p = 0 means "only the top token"
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationPlan:
+    """Everything decided before calling a worker."""
+
+    response_id: str  # chatcmpl-…, the id of choice 0's completion
+    completion_ids: tuple[str, ...]  # one per choice
+    session_id: str
+    created: int
+    model: str  # the name the response reports (the one the client asked for)
+    prompt_ids: list[int]
+    worker_request: GenerateRequest
+    temperature: float
+    top_p: float
+    top_k: int
+
+    @property
+    def n(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceResult:
+    """One generated choice, as the worker reported it."""
+
+    index: int
+    text: str
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # stop | length | abort
+    top_logprobs: list[list[tuple[float, int]]] | None
+    worker_rid: str | None
+
+
+def new_completion_ids(n: int) -> tuple[str, ...]:
+    """`chatcmpl-<hex>` for choice 0 (the response's id); `<that>-<i>` for the others."""
+    base = f"chatcmpl-{secrets.token_hex(12)}"
+    return (base, *(f"{base}-{i}" for i in range(1, n)))
+
+
+def plan_generation(
+    body: ChatCompletionRequest, prompt_ids: list[int], tokenizer: ChatTokenizer, default_max_tokens: int,
+    session_id: str, served_model: str,
+) -> GenerationPlan:
+    """The worker request for `body` with its rendered prompt; 400 if the prompt leaves no room."""
+    room = tokenizer.context_length - len(prompt_ids)
+    if room < 1:
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {tokenizer.context_length} tokens. However, your "
+            f"messages resulted in {len(prompt_ids)} tokens. Please reduce the length of the messages.",
+            "invalid_request_error", param="messages", code="context_length_exceeded",
+        )
+    requested = body.requested_max_tokens()
+    # A max_tokens beyond the room left is lowered to fit, as agents ask for more than small models have.
+    max_new_tokens = min(requested if requested is not None else default_max_tokens, room)
+    temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    top_p = DEFAULT_TOP_P if body.top_p is None else body.top_p
+    top_k = NO_TOP_K if body.top_k is None else body.top_k
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=max(top_p, _MIN_TOP_P),
+        top_k=top_k if top_k != NO_TOP_K else None,
+        min_p=body.min_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        stop=body.stop_strings() or None,
+        n=body.choices if body.choices > 1 else None,
+        sampling_seed=body.seed,
+        logit_bias=body.logit_bias,
+    )
+    completion_ids = new_completion_ids(body.choices)
+    request = GenerateRequest(
+        input_ids=prompt_ids,
+        sampling_params=sampling,
+        rid=completion_ids[0],
+        return_logprob=True,
+        top_logprobs_num=body.top_logprobs if body.wants_logprobs and body.top_logprobs else None,
+    )
+    return GenerationPlan(
+        response_id=completion_ids[0],
+        completion_ids=completion_ids,
+        session_id=session_id,
+        created=int(time.time()),
+        model=body.model or served_model,
+        prompt_ids=prompt_ids,
+        worker_request=request,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+    )
+
+
+async def generate(balancer: Balancer, plan: GenerationPlan) -> list[ChoiceResult]:
+    """Non-streaming generation on the best worker, failing over to the next on a connection error."""
+    for worker in balancer.candidates():
+        with balancer.lease(worker):
+            try:
+                output = await worker.client.generate(plan.worker_request)
+            except WorkerConnectionError:
+                balancer.mark_failed(worker, "connect")
+                continue
+            except WorkerError as exc:
+                raise worker_error(exc) from exc
+        balancer.mark_ok(worker)
+        outputs = output if isinstance(output, list) else [output]
+        if len(outputs) != plan.n:
+            raise worker_error(WorkerProtocolError(f"asked for {plan.n} samples, got {len(outputs)}"))
+        return [read_choice(item, index, final=True) for index, item in enumerate(outputs)]
+    raise no_worker_error(balancer)
+
+
+async def open_stream(
+    balancer: Balancer, plan: GenerationPlan
+) -> tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]:
+    """Start a streaming generation: the worker (leased until `balancer.release`), the stream, and its
+    first chunk. Fails over to the next worker while nothing has been generated."""
+    for worker in balancer.candidates():
+        balancer.acquire(worker)
+        opened = worker.client.generate_stream(plan.worker_request)
+        stream = cast(AsyncGenerator[dict[str, Any], None], opened)
+        try:
+            first = await anext(stream)
+        except WorkerConnectionError:
+            balancer.release(worker)
+            balancer.mark_failed(worker, "connect")
+            continue
+        except StopAsyncIteration:
+            balancer.release(worker)
+            raise worker_error(WorkerProtocolError("the stream ended before its first chunk")) from None
+        except WorkerError as exc:
+            balancer.release(worker)
+            raise worker_error(exc) from exc
+        balancer.mark_ok(worker)
+        return worker, stream, first
+    raise no_worker_error(balancer)
+
+
+def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceResult:
+    """One sample of a worker answer (a full answer, or a cumulative stream chunk)."""
+    try:
+        meta = output["meta_info"]
+        output_ids = [int(t) for t in output["output_ids"]]
+        entries = meta.get("output_token_logprobs") or []
+        if final and len(entries) != len(output_ids):
+            raise WorkerProtocolError(f"{len(entries)} logprobs for {len(output_ids)} output tokens")
+        if not final:  # a partial chunk: keep only tokens whose logprobs have arrived
+            output_ids = output_ids[: len(entries)]
+        logprobs = [float(entry[0]) for entry in entries[: len(output_ids)]]
+        top = meta.get("output_top_logprobs")
+        top_logprobs = [[(float(e[0]), int(e[1])) for e in pos or ()] for pos in top] if top else None
+        finish = meta.get("finish_reason")
+        kind = finish.get("type", "stop") if isinstance(finish, dict) else "stop"
+        reason = _FINISH_REASONS.get(kind, "stop")
+        return ChoiceResult(
+            index=index,
+            text=str(output.get("text", "")),
+            output_ids=output_ids,
+            logprobs=logprobs,
+            versions=token_versions(meta, len(output_ids)),
+            finish_reason=reason,
+            top_logprobs=top_logprobs,
+            worker_rid=meta.get("id"),
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise worker_error(WorkerProtocolError(f"malformed /generate answer: {exc!r}")) from exc
+
+
+def policy_version(weight_version: Any) -> int:
+    """The integer policy version of a worker's `weight_version` ("default" is version 0)."""
+    if weight_version in (None, "default"):
+        return 0
+    try:
+        return int(str(weight_version))
+    except ValueError:
+        raise WorkerProtocolError(
+            f"weight_version {weight_version!r} is not an integer policy version"
+        ) from None
+
+
+def token_versions(meta: dict[str, Any], n_tokens: int) -> list[int]:
+    """Per output token, the policy version that produced it: `weight_versions` spans where the worker
+    reports them (weights changed mid-request), else `weight_version` for every token."""
+    fallback = policy_version(meta.get("weight_version"))
+    versions = [fallback] * n_tokens
+    for span in meta.get("weight_versions") or ():
+        version = policy_version(span["version"])
+        for position in range(max(int(span["start"]), 0), min(int(span["end"]), n_tokens)):
+            versions[position] = version
+    return versions
+
+
+def worker_error(exc: WorkerError) -> OpenAIError:
+    """A worker failure as the client should see it."""
+    if isinstance(exc, WorkerBadRequest):
+        return OpenAIError(400, exc.message, "invalid_request_error")
+    if isinstance(exc, WorkerTimeout):
+        return OpenAIError(504, f"The serving worker timed out: {exc.message}", "server_error",
+                           code="worker_timeout")
+    if isinstance(exc, WorkerHTTPError):
+        return OpenAIError(502, f"The serving worker failed (HTTP {exc.status}): {exc.message}",
+                           "server_error", code="worker_error")
+    if isinstance(exc, WorkerConnectionError):
+        return OpenAIError(502, f"Lost the serving worker: {exc.message}", "server_error",
+                           code="worker_unavailable")
+    return OpenAIError(502, f"The serving worker answered badly: {exc.message}", "server_error",
+                       code="worker_error")
+
+
+def no_worker_error(balancer: Balancer) -> OpenAIError:
+    urls = ", ".join(worker.url for worker in balancer.workers)
+    return OpenAIError(
+        503, f"No serving worker is reachable ({urls}).", "server_error", code="worker_unavailable"
+    )

@@ -1,0 +1,56 @@
+"""The OpenAI-compatible routes: chat completions (under /v1 and, as AReaL offers, at the root) and
+the model list. Every route needs a key (`require_principal`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+
+from proxy.auth import Principal, require_principal
+from proxy.chat import create_chat_completion
+from proxy.errors import OpenAIError
+from proxy.services import ProxyServices, get_services
+
+OWNER = "flywheel"
+
+
+def build_openai_router() -> APIRouter:
+    router = APIRouter()
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        router.add_api_route(
+            path, create_chat_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
+        )
+    router.add_api_route("/v1/models", list_models, methods=["GET"])
+    router.add_api_route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"])
+    return router
+
+
+def _model_object(services: ProxyServices) -> dict[str, Any]:
+    return {
+        "id": services.served_model_name,
+        "object": "model",
+        "created": services.started_at,
+        "owned_by": OWNER,
+        "max_model_len": services.tokenizer.context_length,
+    }
+
+
+async def list_models(
+    _principal: Annotated[Principal, Depends(require_principal)],
+    services: Annotated[ProxyServices, Depends(get_services)],
+) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_object(services)]}
+
+
+async def retrieve_model(
+    model_id: str,
+    _principal: Annotated[Principal, Depends(require_principal)],
+    services: Annotated[ProxyServices, Depends(get_services)],
+) -> dict[str, Any]:
+    if model_id != services.served_model_name:
+        raise OpenAIError(
+            404, f"The model '{model_id}' does not exist or you do not have access to it.",
+            "invalid_request_error", param="model", code="model_not_found",
+        )
+    return _model_object(services)

@@ -1,0 +1,186 @@
+"""The body of `POST /v1/chat/completions` as agents send it. Unknown fields are ignored (OpenAI clients
+add new ones all the time); known fields with a wrong type or range are a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Lenient):
+    """One part of a message's content. Only text parts reach a text model."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ContentPart:
+        if self.type == "text" and self.text is not None:
+            return self
+        if self.type == "refusal" and self.refusal is not None:
+            return self
+        if self.type in ("text", "refusal"):
+            raise ValueError(f"a {self.type!r} part needs its {self.type!r} field as a string")
+        raise ValueError(f"content parts of type {self.type!r} are not supported by this text-only model")
+
+    @property
+    def value(self) -> str:
+        return (self.text if self.type == "text" else self.refusal) or ""
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Lenient):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and self.role not in ("assistant",):
+            raise ValueError(f"a {self.role!r} message needs content")
+        return self
+
+    def text(self) -> str | None:
+        """The content as one string (text parts joined by newlines); None stays None."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.value for part in self.content)
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it: string content, tool-call arguments as objects."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [_template_tool_call(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
+        return message
+
+
+def _template_tool_call(call: ToolCall) -> dict[str, Any]:
+    arguments: Any = call.function.arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            arguments = parsed  # HF templates render arguments from a mapping
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": call.type, "function": function}
+
+
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Lenient):
+    type: str = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(_Lenient):
+    """OpenAI's chat completion request, plus the extensions vLLM and SGLang accept (`top_k`, `min_p`,
+    `repetition_penalty`, `return_token_ids`), which clients send through `extra_body`."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    # extensions (extra_body)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    return_token_ids: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and any(not s for s in stop):
+            raise ValueError("stop sequences must not be empty")
+        return stop
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [message.to_template() for message in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools:
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]

@@ -1,0 +1,76 @@
+"""Serving the proxy app with uvicorn: `run_proxy` (the `flywheel proxy` entry point, blocking) and
+`serve_proxy_in_thread` (the same server on a loopback port in a background thread, for tests and
+benchmarks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import uvicorn
+from fastapi import FastAPI
+
+from proxy.app import create_proxy_app
+from proxy.config import ProxyConfig
+from serving.config import ServingConfig
+from storage.config import StorageConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _event_loop() -> Literal["uvloop", "asyncio"]:
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
+def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Config:
+    # One process: the recorder's group commit and the balancer's counts live in it.
+    return uvicorn.Config(
+        app, host=host, port=port, loop=_event_loop(), workers=1, access_log=False, log_level=log_level,
+        backlog=4096, timeout_keep_alive=30,
+    )
+
+
+def run_proxy(
+    proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig
+) -> None:
+    """Serve the proxy on `proxy_config.host:port` until interrupted."""
+    app = create_proxy_app(proxy_config, storage_config, serving_config)
+    logger.info("proxy listening on http://%s:%d (agents use %s)", proxy_config.host, proxy_config.port,
+                proxy_config.base_url())
+    uvicorn.Server(_uvicorn_config(app, proxy_config.host, proxy_config.port, "info")).run()
+
+
+@contextmanager
+def serve_proxy_in_thread(
+    proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig,
+    startup_timeout_s: float = 120.0,
+) -> Iterator[str]:
+    """Run the proxy under uvicorn in a daemon thread on `proxy_config.host` (port 0 picks a free
+    one); yield its base URL (without /v1); shut it down, letting streams finish recording, on exit."""
+    host, port = proxy_config.host, proxy_config.port
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        proxy_config = proxy_config.model_copy(update={"port": port})
+    app = create_proxy_app(proxy_config, storage_config, serving_config)
+    server = uvicorn.Server(_uvicorn_config(app, host, port, "warning"))
+    thread = threading.Thread(target=server.run, name=f"proxy-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the proxy did not start on {host}:{port}")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(60)

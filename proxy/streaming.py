@@ -1,0 +1,232 @@
+"""Real streaming: relay a worker's cumulative `/generate` stream to the client as OpenAI chunks, token by
+token as they arrive, and record the completion when the stream ends.
+
+The worker is read by its own task, not by the response body: when the client drops the stream, the
+body generator is cancelled, the reader is cancelled (closing the worker connection aborts the
+generation there; an explicit `/abort_request` follows), and the finisher task still records what was
+generated, with finish_reason "abort". A stream that ends normally is recorded before its final
+chunks and `data: [DONE]` go out, so a client that saw the end can rely on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from proxy.balancer import Worker
+from proxy.errors import OpenAIError, error_body
+from proxy.generation import ChoiceResult, GenerationPlan, read_choice, worker_error
+from proxy.responses import chat_completion, chunk, completion_records, logprob_entries, usage
+from proxy.schemas import ChatCompletionRequest
+from proxy.services import ProxyServices
+from serving.errors import WorkerError
+
+logger = logging.getLogger(__name__)
+
+_DONE = b"data: [DONE]\n\n"
+_ABORT_TIMEOUT_S = 5.0
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+class ChoiceStream:
+    """What one choice has sent so far. Text is sent only when it is final: never a trailing U+FFFD
+    (an incomplete UTF-8 character the worker will complete) and never a tail that could begin a stop
+    string (the worker trims a matched stop string from its final text)."""
+
+    def __init__(self, index: int, stop_strings: list[str]) -> None:
+        self.index = index
+        self.stop_strings = stop_strings
+        self.sent_text = ""
+        self.sent_tokens = 0
+        self.last: dict[str, Any] | None = None
+        self.finished = False
+
+    def advance(self, worker_chunk: dict[str, Any]) -> tuple[str, int, int]:
+        """Take the worker's cumulative chunk; return (new text to send, first and end token of the
+        tokens it covers)."""
+        self.last = worker_chunk
+        self.finished = bool((worker_chunk.get("meta_info") or {}).get("finish_reason"))
+        text = str(worker_chunk.get("text", ""))
+        if not text.startswith(self.sent_text):
+            logger.warning("worker revised text already streamed (choice %d); keeping what was sent",
+                           self.index)
+            return "", self.sent_tokens, self.sent_tokens
+        sendable = text if self.finished else self._settled(text)
+        delta = sendable[len(self.sent_text):]
+        n_tokens = len(worker_chunk.get("output_ids") or ())
+        if not delta and not self.finished:
+            return "", self.sent_tokens, self.sent_tokens  # tokens wait for the text they make
+        start, self.sent_tokens = self.sent_tokens, n_tokens
+        self.sent_text = sendable
+        return delta, start, n_tokens
+
+    def _settled(self, text: str) -> str:
+        end = len(text)
+        while end > len(self.sent_text) and text[end - 1] == "\ufffd":
+            end -= 1
+        for stop in self.stop_strings:
+            for size in range(min(len(stop) - 1, end - len(self.sent_text)), 0, -1):
+                if text[end - size:end] == stop[:size]:
+                    end -= size
+                    break
+        return text[:end]
+
+
+class ChatStream:
+    """One streaming chat completion: the worker reader, the finisher that records, and the SSE body."""
+
+    def __init__(
+        self, services: ProxyServices, plan: GenerationPlan, body: ChatCompletionRequest,
+        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
+        first: dict[str, Any], on_recorded: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.services = services
+        self.plan = plan
+        self.body = body
+        self.request_json = request_json
+        self.worker = worker
+        self.choices = [ChoiceStream(i, body.stop_strings()) for i in range(plan.n)]
+        self._stream = stream
+        self._first = first
+        self._on_recorded = on_recorded
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._started = time.perf_counter()
+        self._first_content = True
+        for choice in self.choices:
+            self._emit([{"index": choice.index, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}])
+        self._reader = asyncio.create_task(self._read(), name=f"stream-read-{plan.response_id}")
+        services.spawn(self._finish(), name=f"stream-finish-{plan.response_id}")
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The response body. If the client leaves, this generator is cancelled: stop the reader."""
+        try:
+            while (item := await self._queue.get()) is not None:
+                yield item
+        finally:
+            if not self._reader.done():
+                self.services.metrics.stream_disconnects.inc()
+                self._reader.cancel()
+
+    def _emit(self, choices: list[dict[str, Any]]) -> None:
+        self._queue.put_nowait(sse(chunk(self.plan, choices, self.body.include_usage)))
+
+    async def _read(self) -> None:
+        async with contextlib.aclosing(self._stream):
+            self._take(self._first)
+            async for worker_chunk in self._stream:
+                self._take(worker_chunk)
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        choice = self.choices[int(worker_chunk.get("index", 0)) if self.plan.n > 1 else 0]
+        delta, start, end = choice.advance(worker_chunk)
+        if not delta and start == end:
+            return
+        logprobs = None
+        if self.body.wants_logprobs and end > start:
+            partial = read_choice(worker_chunk, choice.index, final=False)
+            top = partial.top_logprobs[start:end] if partial.top_logprobs else None
+            content = logprob_entries(self.services.tokenizer, partial.output_ids[start:end],
+                                      partial.logprobs[start:end], top, self.body.top_logprobs or 0)
+            logprobs = {"content": content, "refusal": None}
+        if delta and self._first_content:
+            self._first_content = False
+            self.services.metrics.time_to_first_token.observe(time.perf_counter() - self._started)
+        self._emit([{"index": choice.index, "delta": {"content": delta}, "logprobs": logprobs,
+                     "finish_reason": None}])
+
+    async def _finish(self) -> None:
+        await asyncio.wait([self._reader])
+        try:
+            await self._conclude()
+        except Exception as exc:  # a task boundary: say what happened, to the log and the client
+            logger.exception("stream %s could not be finished", self.plan.response_id)
+            self._fail(None, exc)
+        finally:
+            self.services.balancer.release(self.worker)
+            self._queue.put_nowait(None)
+
+    async def _conclude(self) -> None:
+        aborted = self._reader.cancelled()
+        failure = None if aborted else self._reader.exception()
+        if aborted or failure is not None:
+            await self._abort_worker()
+        results = self._results(aborted or failure is not None)
+        if not await self._record(results):
+            return
+        if failure is not None:
+            self._fail(worker_error(failure) if isinstance(failure, WorkerError) else None, failure)
+        elif not aborted:
+            self._emit_end(results)
+
+    def _results(self, interrupted: bool) -> list[ChoiceResult]:
+        results = []
+        for choice in self.choices:
+            if choice.last is None:
+                continue
+            result = read_choice(choice.last, choice.index, final=not interrupted)
+            if interrupted and not choice.finished:
+                result = _as_aborted(result)
+            results.append(result)
+        return results
+
+    async def _record(self, results: list[ChoiceResult]) -> bool:
+        response = chat_completion(self.plan, results, self.body, self.services.tokenizer)
+        records = completion_records(self.plan, results, self.request_json, response)
+        try:
+            await self.services.recorder.record(records)
+        except Exception as exc:
+            self._fail(OpenAIError(500, "The completion could not be recorded.", "server_error",
+                                   code="record_failed"), exc)
+            return False
+        for result in results:
+            self.services.metrics.completions.labels(result.finish_reason).inc()
+        self.services.metrics.tokens.labels("prompt").inc(len(self.plan.prompt_ids))
+        self.services.metrics.tokens.labels("completion").inc(sum(len(r.output_ids) for r in results))
+        if self._on_recorded is not None:
+            await self._on_recorded()
+        return True
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        for result in results:
+            self._emit([{"index": result.index, "delta": {}, "logprobs": None,
+                         "finish_reason": result.finish_reason}])
+        if self.body.include_usage:
+            final = chunk(self.plan, [], include_usage=False)
+            final["usage"] = usage(len(self.plan.prompt_ids), results)
+            self._queue.put_nowait(sse(final))
+        self._queue.put_nowait(_DONE)
+
+    def _fail(self, error: OpenAIError | None, exc: BaseException) -> None:
+        logger.error("stream %s failed: %s", self.plan.response_id, exc)
+        if error is None:
+            error = OpenAIError(500, "The server had an error while processing your request.", "server_error")
+        self._queue.put_nowait(sse(error_body(error.message, error.type, error.param, error.code)))
+
+    async def _abort_worker(self) -> None:
+        """Closing the connection already aborts on SGLang; say it explicitly too, per sample."""
+        rids = {c.last["meta_info"].get("id") for c in self.choices
+                if c.last is not None and not c.finished and c.last.get("meta_info")}
+        for rid in filter(None, rids):
+            try:
+                async with asyncio.timeout(_ABORT_TIMEOUT_S):
+                    await self.worker.client.abort_request(rid=rid)
+            except (WorkerError, TimeoutError) as exc:
+                logger.info("could not abort %s on %s: %s", rid, self.worker.url, exc)
+
+
+def _as_aborted(result: ChoiceResult) -> ChoiceResult:
+    return ChoiceResult(
+        index=result.index, text=result.text, output_ids=result.output_ids, logprobs=result.logprobs,
+        versions=result.versions, finish_reason="abort", top_logprobs=result.top_logprobs,
+        worker_rid=result.worker_rid,
+    )
