@@ -8,6 +8,7 @@ stream with one cumulative `data: {...}` chunk per decode step (per `stream_inte
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 import uuid
@@ -33,11 +34,15 @@ from serving.engine.protocol import (
 from serving.engine.replies import error_response, json_response
 from serving.engine.responses import SequenceView
 from serving.engine.scheduler import Engine, Sink
-from serving.engine.sequence import Sequence
+from serving.engine.sequence import Sequence, SequenceUpdate
+
+logger = logging.getLogger(__name__)
 
 STOP_REGEX_WINDOW = 64
 """Output tokens searched for a stop_regex match (SGLang bounds it by the pattern; we keep it simple)."""
 HEALTH_CHECK_TIMEOUT_S = 20.0
+DISCONNECT_POLL_S = 0.2
+"""How often a waiting non-streamed request checks that its client is still there."""
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 
 
@@ -70,6 +75,8 @@ async def generate(request: Request) -> Response:
         pairs = build_sequences(state, plan.sequences, sink, plan.as_list)
     except (MalformedRequest, ContractError, BadRequest) as exc:
         return error_response(exc)
+    if not state.engine.running:
+        return json_response({"error": {"message": "The CPU engine is shutting down."}}, 503)
     sequences = [seq for seq, _ in pairs]
     views = [view for _, view in pairs]
     state.engine.submit(sequences)
@@ -77,13 +84,35 @@ async def generate(request: Request) -> Response:
         chunks = _stream(state.engine, sequences, views, sink)
         return StreamingResponse(chunks, media_type="text/event-stream")
     try:
-        while not all(view.finished for view in views):
-            index, update = await sink.get()
-            views[index].apply(update)
+        if not await _collect(request, views, sink):
+            logger.info("client left before %s finished; aborted", sequences[0].rid)
+            return Response(status_code=499)
     finally:
         _abort_unfinished(state.engine, sequences, views)
     results = [view.render(state.engine.weight_version) for view in views]
     return json_response(results if plan.as_list else results[0])
+
+
+async def _collect(request: Request, views: list[SequenceView], sink: Sink) -> bool:
+    """Apply updates until every view is finished (True), or until the client disconnects (False)."""
+    getter: asyncio.Task[tuple[int, SequenceUpdate]] | None = None
+    next_check = time.monotonic() + DISCONNECT_POLL_S
+    try:
+        while not all(view.finished for view in views):
+            getter = getter or asyncio.ensure_future(sink.get())
+            done, _ = await asyncio.wait({getter}, timeout=max(0.0, next_check - time.monotonic()))
+            if time.monotonic() >= next_check:  # like SGLang, stop generating for a client that hung up
+                if await request.is_disconnected():
+                    return False
+                next_check = time.monotonic() + DISCONNECT_POLL_S
+            if done:
+                index, update = getter.result()
+                getter = None
+                views[index].apply(update)
+        return True
+    finally:
+        if getter is not None:
+            getter.cancel()
 
 
 async def _stream(engine: Engine, sequences: list[Sequence], views: list[SequenceView],

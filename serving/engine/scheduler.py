@@ -81,6 +81,11 @@ class Engine:
     def model(self) -> torch.nn.Module:
         return self._model
 
+    @property
+    def running(self) -> bool:
+        """Whether the decode thread is up and taking work."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
     # ---- event-loop side -------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -8,7 +8,6 @@ matched token stays in `output_ids`, as SGLang's do; trimming is for the text on
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +50,6 @@ class Sequence:
     top_logprobs_num: int
     deliver: Any
     """Called with each SequenceUpdate, from the decode thread (it hops to the event loop)."""
-    arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     version_events: list[tuple[str, int]] = field(default_factory=list)

@@ -257,6 +257,23 @@ async def test_abort_request_by_rid_and_all(tiny_model_dir, sglang_api_types):
             assert (await bystander).json()["meta_info"]["finish_reason"]["type"] == "abort"
 
 
+async def test_requests_of_clients_that_hang_up_are_aborted(tiny_model_dir):
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2000, **GREEDY}}
+    with running_engine(tiny_model_dir) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            stream = Stream(client, body)
+            await wait_until(lambda: stream.tokens > 0)
+            stream.task.cancel()  # the streaming client goes away
+            await wait_until(lambda: stats(url)["running_requests"] == 0)
+            first = stats(url)["generated_tokens"]
+            assert first < 2000
+        async with httpx.AsyncClient(base_url=url, timeout=0.3) as impatient:
+            with pytest.raises(httpx.ReadTimeout):  # a plain client gives up waiting
+                await impatient.post("/generate", json=body)
+        await wait_until(lambda: stats(url)["running_requests"] == 0)
+        assert stats(url)["generated_tokens"] - first < 2000
+
+
 def test_info_and_health_routes(tiny_model_dir, sglang_api_types):
     with running_engine(tiny_model_dir, max_batch_size=4) as url:
         info = model_info(url)
