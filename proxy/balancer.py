@@ -19,6 +19,7 @@ class Worker:
     client: SGLangClient
     in_flight: int = 0
     failed_until: float = 0.0
+    last_used: int = 0
 
     @property
     def url(self) -> str:
@@ -36,21 +37,19 @@ class Balancer:
         self.workers = [Worker(client) for client in clients]
         self._metrics = metrics
         self._cooldown_s = failure_cooldown_s
-        self._next = 0
+        self._uses = 0
 
     def candidates(self) -> list[Worker]:
-        """Every worker, best first: healthy before recently failed, then fewest in flight; ties are
-        broken round-robin so equal workers share the load."""
-        count = len(self.workers)
-        start = self._next
-        self._next = (start + 1) % count
+        """Every worker, best first: healthy before recently failed, then fewest in flight; ties go to
+        the least recently used, so equal workers take turns (round-robin)."""
         now = time.monotonic()
-        rotated = [self.workers[(start + i) % count] for i in range(count)]
-        return sorted(rotated, key=lambda w: (w.failed_until > now, w.in_flight))
+        return sorted(self.workers, key=lambda w: (w.failed_until > now, w.in_flight, w.last_used))
 
     def acquire(self, worker: Worker) -> None:
         """Count one more request running on `worker` (until `release`)."""
         worker.in_flight += 1
+        self._uses += 1
+        worker.last_used = self._uses
         self._metrics.worker_in_flight.labels(worker.url).set(worker.in_flight)
 
     def release(self, worker: Worker) -> None:

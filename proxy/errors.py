@@ -130,7 +130,8 @@ def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None, 
     OpenAI does (`messages[0].content`)."""
     if not errors:
         return "Invalid request body.", None, "invalid_request"
-    first = errors[0]
+    # In a union pydantic reports one error per branch; the deepest one says what went wrong.
+    first = max(errors, key=lambda error: len(error.get("loc", ())))
     loc = [part for part in first.get("loc", ()) if part != "body"]
     param = _param_name(loc) or None
     kind = str(first.get("type", ""))

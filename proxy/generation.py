@@ -197,6 +197,8 @@ def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceRes
             top_logprobs=top_logprobs,
             worker_rid=meta.get("id"),
         )
+    except WorkerProtocolError as exc:
+        raise worker_error(exc) from exc
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise worker_error(WorkerProtocolError(f"malformed /generate answer: {exc!r}")) from exc
 

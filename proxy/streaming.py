@@ -164,7 +164,7 @@ class ChatStream:
         if not await self._record(results):
             return
         if failure is not None:
-            self._fail(worker_error(failure) if isinstance(failure, WorkerError) else None, failure)
+            self._fail(_client_error(failure), failure)
         elif not aborted:
             self._emit_end(results)
 
@@ -222,6 +222,14 @@ class ChatStream:
                     await self.worker.client.abort_request(rid=rid)
             except (WorkerError, TimeoutError) as exc:
                 logger.info("could not abort %s on %s: %s", rid, self.worker.url, exc)
+
+
+def _client_error(failure: BaseException) -> OpenAIError | None:
+    if isinstance(failure, OpenAIError):
+        return failure
+    if isinstance(failure, WorkerError):
+        return worker_error(failure)
+    return None
 
 
 def _as_aborted(result: ChoiceResult) -> ChoiceResult:
