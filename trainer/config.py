@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -127,3 +128,80 @@ class AlgorithmConfig(_Strict):
     def _registries_cover_kinds(self) -> AlgorithmConfig:
         check_registries()
         return self
+
+
+class RayConfig(_Strict):
+    """Where the trainer's Ray actors run."""
+
+    address: str | None = None
+    """An existing cluster (`ray://…` or `auto`); None starts a local Ray instance for this process."""
+    temp_dir: Path | None = None
+    """Ray's session directory for a local instance (keep it short: Unix socket paths are limited to
+    107 bytes); None uses Ray's default under /tmp."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs a local instance may schedule; None lets Ray count them."""
+    actor_num_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for the policy actor (a scheduling reservation; torch threads are `num_threads`)."""
+
+
+class WeightPushConfig(_Strict):
+    """How a new checkpoint reaches the serving workers (`/update_weights_from_disk` on every worker)."""
+
+    pause_mode: Literal["in_place", "retract", "abort"] | None = None
+    """Pause generation with this mode before the update and continue after it. None (the default)
+    relies on SGLang's writer lock: the update waits for in-flight requests, new ones wait for it."""
+    flush_cache: bool = True
+    """Drop the workers' prefix caches with the update (their entries belong to the old weights)."""
+
+
+class TrainerConfig(_Strict):
+    """The asynchronous RL trainer: which samples it claims, how it optimises, where checkpoints go."""
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimator and policy loss."""
+    batch_size: int = Field(16, ge=1)
+    """Trajectories per step. Whole groups are claimed, so a step may get fewer; never more."""
+    max_head_offpolicyness: int = Field(0, ge=0)
+    """η: the oldest generated token of a trained sample is at most η versions behind the trainer's
+    current version. 0 is synchronous training: only samples of the current version are claimed."""
+    lr: float = Field(1e-6, gt=0)
+    """AdamW learning rate (constant)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW β1, β2."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW ε."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient L2 norm to this before each optimiser step; None = no clipping
+    (the norm is still reported)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Trajectories per forward/backward; gradients accumulate over micro-batches, each weighted by its
+    share of the minibatch's aggregation denominator (its masked tokens for token_mean), so the update
+    equals one pass over the whole minibatch. None = the whole minibatch in one pass."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each claimed batch."""
+    minibatches: int = Field(1, ge=1)
+    """Optimiser steps per epoch: the batch is split into this many minibatches (one policy version
+    is still pushed per claimed batch). With ppo_epochs = minibatches = 1, π_prox is read off the
+    training forward itself (same weights, one forward saved)."""
+    total_steps: int | None = Field(None, ge=1)
+    """Stop once the policy version reaches this; None = run until stopped."""
+    poll_interval_s: float = Field(1.0, gt=0)
+    """Wait between claims that found nothing to train on."""
+    claim_lease_s: float = Field(600.0, gt=0)
+    """A claim older than this may be taken over by another trainer (this one is presumed dead)."""
+    checkpoint_dir: Path | None = None
+    """Where checkpoints (one full model directory per version) go; None = `<run dir>/checkpoints`."""
+    keep_checkpoints: int | None = Field(3, ge=1)
+    """Newest checkpoints kept on disk (older ones are deleted after their successor is recorded);
+    None keeps all."""
+    num_threads: int | None = Field(None, ge=1)
+    """torch threads in the policy actor; None keeps torch's default. Use 1 when the engine and the
+    trainer share 2 cores."""
+    seed: int = 0
+    """Seed of torch's generator in the policy actor."""
+    weights: WeightPushConfig = Field(default_factory=WeightPushConfig)
+    """How new weights reach the workers."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Ray cluster and actor placement."""
