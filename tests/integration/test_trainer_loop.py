@@ -1,0 +1,190 @@
+"""The trainer against the real thing: the tiny model in a Ray actor, a CPU engine on a loopback port,
+SQLite and Postgres. Samples come from the engine with its own logprobs while the trainer runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from serving.client import SGLangClient, WorkerPool
+from serving.config import ClientConfig, CpuEngineConfig, ServingConfig
+from serving.engine.server import create_engine_app, serve_in_thread
+from serving.models.loading import load_model
+from storage.config import StorageConfig
+from storage.engine import SessionFactory, create_engine, create_sessionmaker
+from storage.migrate import upgrade
+from storage.models import PolicyVersion, TrainStep, Trajectory
+from tests.integration.conftest import run_outside_loop
+from tests.support.ray_cluster import ray_cluster  # noqa: F401 -- the fixture, used below
+from tests.support.rollouts import roll_out_until, rollout_group
+from trainer.config import TrainerConfig
+from trainer.driver import Driver
+from trainer.monitor import Monitor
+from trainer.runner import run_trainer, start_policy
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+PROMPTS = [[11, 42, 97, 300], [64, 3, 250, 9, 17], [500, 501, 502]]
+ROLLOUT = {
+    "group_size": 4,
+    "max_new_tokens": 8,
+    "temperature": 0.8,
+    "reward_fn": lambda out: float(len(set(out))),
+}
+
+
+@pytest.fixture
+def engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    """A fresh CPU engine serving the tiny model (initial weights, version "default")."""
+    config = ServingConfig(model=str(tiny_model_dir), cpu=CpuEngineConfig(num_threads=1, max_batch_size=8))
+    with serve_in_thread(create_engine_app(config, load_model(str(tiny_model_dir)))) as url:
+        yield url
+
+
+def _config(**overrides: object) -> TrainerConfig:
+    base = {"batch_size": 8, "lr": 1e-3, "num_threads": 1, "poll_interval_s": 0.05, "keep_checkpoints": 2}
+    return TrainerConfig.model_validate(base | overrides)
+
+
+async def _train(
+    config: TrainerConfig, session_factory: SessionFactory, url: str, model_dir: Path, tmp_path: Path
+) -> int:
+    """Run the driver with a real policy actor while rollouts keep coming from the engine."""
+    stop = asyncio.Event()
+    policy = start_policy(str(model_dir), config)
+    await policy.model_dir()  # the actor is up before rollouts compete with it for the CPUs
+    async with WorkerPool(ClientConfig(), [url]) as pool:
+        rollouts = asyncio.create_task(
+            roll_out_until(stop, pool.clients[0], session_factory, PROMPTS, **ROLLOUT)
+        )
+        try:
+            driver = Driver(
+                config,
+                session_factory,
+                policy,
+                pool.clients,
+                tmp_path / "ckpt",
+                Monitor(tmp_path / "metrics.jsonl"),
+            )
+            return await asyncio.wait_for(driver.run(), timeout=240)
+        finally:
+            stop.set()
+            await rollouts
+            policy.kill()
+
+
+async def _steps(session_factory: SessionFactory) -> dict[int, dict]:
+    async with session_factory() as db:
+        return {
+            s.step: {"version": s.policy_version, "metrics": s.metrics}
+            for s in await db.scalars(select(TrainStep))
+        }
+
+
+async def _consumed(session_factory: SessionFactory) -> list[Trajectory]:
+    async with session_factory() as db:
+        return list(await db.scalars(select(Trajectory).where(Trajectory.consumed_step.is_not(None))))
+
+
+async def test_synchronous_training_pushes_each_version_and_trains_on_policy(
+    session_factory: SessionFactory, engine_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    version = await _train(
+        _config(total_steps=3, max_head_offpolicyness=0),
+        session_factory,
+        engine_url,
+        tiny_model_dir,
+        tmp_path,
+    )
+    assert version == 3
+    async with session_factory() as db:
+        assert (await db.scalars(select(PolicyVersion.version).order_by(PolicyVersion.version))).all() == [
+            1,
+            2,
+            3,
+        ]
+    steps = await _steps(session_factory)
+    for step, row in steps.items():
+        metrics = row["metrics"]
+        # η = 0: the samples came from exactly the weights being trained, so the trainer's π_prox equals
+        # the engine's logprobs: the two stacks agree token for token.
+        assert metrics["prox_behave/max_abs_diff"] < 1e-4, (step, metrics)
+        assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+        assert metrics["staleness/max"] == 0
+    consumed = await _consumed(session_factory)
+    by_step = {s: [t for t in consumed if t.consumed_step == s] for s in steps}
+    for step, rows in by_step.items():
+        assert len(rows) == steps[step]["metrics"]["batch/trajectories"] > 0
+        for row in rows:  # every trained token was generated by the version the trainer held then
+            generated = row.versions[row.loss_mask]
+            assert (generated == steps[step]["version"] - 1).all()
+    async with SGLangClient(engine_url, ClientConfig()) as client:
+        assert (await client.model_info())["weight_version"] == "3"
+        later = await rollout_group(client, session_factory, PROMPTS[0], seed=99, **ROLLOUT)
+        assert later.min_version == 3  # a new generation carries the pushed version
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v000002", "v000003"]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+async def test_bounded_staleness_never_trains_older_than_eta(
+    session_factory: SessionFactory, engine_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with SGLangClient(engine_url, ClientConfig()) as client:
+        for seed in range(4):  # a backlog of version-0 groups: the trainer will lag behind the samples
+            await rollout_group(client, session_factory, PROMPTS[seed % 3], seed=1000 + seed, **ROLLOUT)
+    # One group per step: steps 1-3 (trainer at v0-v2) take the backlog, oldest first; at v3 the rest of
+    # it is 3 versions old and must be passed over.
+    config = _config(total_steps=4, max_head_offpolicyness=2, batch_size=4)
+    assert await _train(config, session_factory, engine_url, tiny_model_dir, tmp_path) == 4
+    steps = await _steps(session_factory)
+    staleness = []
+    for row in await _consumed(session_factory):
+        trainer_version = steps[row.consumed_step]["version"] - 1
+        staleness.append(trainer_version - int(row.versions[row.loss_mask].min()))
+    assert max(staleness) <= 2
+    assert max(staleness) == 2  # the backlog was used as far as the bound allows (oldest first)
+    async with session_factory() as db:
+        left = (await db.scalars(select(Trajectory).where(Trajectory.consumed_step.is_(None)))).all()
+    assert any(int(t.versions[t.loss_mask].min()) == 0 for t in left)  # too old by then: never trained
+    assert all(row["metrics"]["staleness/max"] <= 2 for row in steps.values())
+    assert (
+        max(row["metrics"]["prox_behave/max_abs_diff"] for row in steps.values()) > 1e-3
+    )  # really off-policy
+
+
+def test_run_trainer_starts_from_configs_and_writes_its_run_dir(
+    engine_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The blocking entry point wires storage, the actor, the workers and the run dir (SQLite only: the
+    database paths are the driver's, tested on both backends above)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'flywheel.db'}"
+    run_outside_loop(upgrade, url)
+
+    async def backlog() -> None:
+        engine = create_engine(StorageConfig(url=url))
+        try:
+            async with SGLangClient(engine_url, ClientConfig()) as client:
+                for seed in range(2):
+                    await rollout_group(
+                        client, create_sessionmaker(engine), PROMPTS[seed], seed=seed, **ROLLOUT
+                    )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(backlog())
+    config = _config(total_steps=2, max_head_offpolicyness=4, batch_size=4)
+    run_trainer(
+        config,
+        StorageConfig(url=url),
+        ServingConfig(model=str(tiny_model_dir)),
+        [engine_url],
+        run_dir=tmp_path / "run",
+    )
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["v000001", "v000002"]
