@@ -1,0 +1,205 @@
+"""The RL control API (DESIGN.md §4) and AReaL's compatible /rl routes, plus the lifespan that runs the
+session finalizer inside the proxy app's (FastAPI nests an included router's lifespan in the app's).
+
+/rl/v1: admin keys create sessions and groups; a session key rewards, ends and reads only its own
+session (an ended session's key still works here, not for inference); an admin key does anything.
+Bodies are JSON; a body that is not JSON is a 400, a wrong value (a non-numeric, NaN or infinite reward)
+a 422, and no refusal writes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+
+from proxy import rl_sessions as ops
+from proxy.auth import Principal, require_admin, require_key
+from proxy.errors import OpenAIError
+from proxy.rl_schemas import (
+    ArealEndSessionResponse,
+    ArealGroupSession,
+    ArealMessageResponse,
+    ArealSetRewardRequest,
+    ArealStartGroupResponse,
+    ArealStartSessionRequest,
+    ArealStartSessionResponse,
+    CreateGroupRequest,
+    CreateGroupResponse,
+    CreateSessionRequest,
+    CreateSessionResponse,
+    EndSessionResponse,
+    GroupSession,
+    RewardRequest,
+    RewardResponse,
+    SessionView,
+)
+from proxy.services import ProxyServices, get_services
+from rewards.finalizer import SessionFinalizer
+from storage.models import KeyScope, SessionStatus
+
+logger = logging.getLogger(__name__)
+
+Services = Annotated[ProxyServices, Depends(get_services)]
+Admin = Annotated[Principal, Depends(require_admin)]
+Caller = Annotated[Principal, Depends(require_key)]
+
+
+def build_rl_router() -> APIRouter:
+    """The /rl/v1 routes, AReaL's /rl aliases, and the finalizer's lifespan."""
+    router = APIRouter(lifespan=_run_finalizer)
+    router.add_api_route("/rl/v1/sessions", create_session, methods=["POST"], status_code=201)
+    router.add_api_route("/rl/v1/groups", create_group, methods=["POST"], status_code=201)
+    router.add_api_route("/rl/v1/sessions/{session_id}", get_session, methods=["GET"])
+    router.add_api_route("/rl/v1/sessions/{session_id}/reward", reward_session, methods=["POST"])
+    router.add_api_route("/rl/v1/completions/{completion_id}/reward", reward_completion, methods=["POST"])
+    router.add_api_route("/rl/v1/sessions/{session_id}/end", end_session, methods=["POST"])
+    router.add_api_route("/rl/start_session", areal_start_session, methods=["POST"], response_model=None)
+    router.add_api_route("/rl/set_reward", areal_set_reward, methods=["POST"])
+    router.add_api_route("/rl/end_session", areal_end_session, methods=["POST"])
+    return router
+
+
+@asynccontextmanager
+async def _run_finalizer(app: FastAPI) -> AsyncIterator[None]:
+    services: ProxyServices = app.state.services  # set by the app's own lifespan, which runs first
+    finalizer = SessionFinalizer(services.session_factory, services.config.finalizer)
+    services.finalizer = finalizer
+    stop = asyncio.Event()
+    sweep = asyncio.create_task(finalizer.run(stop), name="session finalizer sweep")
+    try:
+        yield
+    finally:
+        stop.set()
+        await sweep  # finishes the finalizations in flight
+        services.finalizer = None
+
+
+# /rl/v1
+
+
+async def create_session(request: Request, _admin: Admin, services: Services) -> CreateSessionResponse:
+    body = await ops.parse_body(request, CreateSessionRequest)
+    session_id, api_key = await ops.start_session(
+        services, task=body.task, group_id=body.group_id, metadata=body.metadata
+    )
+    return CreateSessionResponse(session_id=session_id, api_key=api_key, base_url=services.config.base_url())
+
+
+async def create_group(request: Request, _admin: Admin, services: Services) -> CreateGroupResponse:
+    body = await ops.parse_body(request, CreateGroupRequest)
+    group_id, members = await ops.start_group(services, size=body.size, task=body.task)
+    return CreateGroupResponse(
+        group_id=group_id,
+        sessions=[GroupSession(session_id=sid, api_key=key) for sid, key in members],
+        base_url=services.config.base_url(),
+    )
+
+
+async def get_session(session_id: str, caller: Caller, services: Services) -> SessionView:
+    return await ops.describe(services, caller, session_id)
+
+
+async def reward_session(
+    session_id: str, request: Request, caller: Caller, services: Services
+) -> RewardResponse:
+    body = await ops.parse_body(request, RewardRequest)
+    await ops.session_status(services.session_factory, session_id)  # 404 before 403
+    return await ops.reward(
+        services, caller, session_id=session_id, completion_id=None,
+        value=body.value, source=body.source, details=body.details,
+    )
+
+
+async def reward_completion(
+    completion_id: str, request: Request, caller: Caller, services: Services
+) -> RewardResponse:
+    body = await ops.parse_body(request, RewardRequest)
+    session_id = await ops.session_of_completion(services.session_factory, completion_id)
+    return await ops.reward(
+        services, caller, session_id=session_id, completion_id=completion_id,
+        value=body.value, source=body.source, details=body.details,
+    )
+
+
+async def end_session(session_id: str, caller: Caller, services: Services) -> EndSessionResponse:
+    return await ops.end(services, caller, session_id)
+
+
+# AReaL's proxy API (PROTOCOLS.md): thin over the same operations.
+
+
+def _own_session(principal: Principal) -> str:
+    if principal.session_id is None:
+        raise OpenAIError(
+            403, "This route acts on the caller's own session: use its session API key.",
+            "permission_error", code="session_key_required",
+        )
+    return principal.session_id
+
+
+async def areal_start_session(
+    request: Request, response: Response, _admin: Admin, services: Services
+) -> ArealStartSessionResponse | ArealStartGroupResponse:
+    """`{task_id, api_key?}` → `{session_id, api_key}`; v2 `{group_size}` → 201 `{group_id, sessions}`.
+    A reused key whose session is still active ends and finalizes that session first."""
+    body = await ops.parse_body(request, ArealStartSessionRequest)
+    if body.group_size is not None:
+        group_id, members = await ops.start_group(services, size=body.group_size, task=body.task_id)
+        response.status_code = 201
+        return ArealStartGroupResponse(
+            group_id=group_id,
+            sessions=[ArealGroupSession(session_id=sid, session_api_key=key) for sid, key in members],
+        )
+    if body.api_key is None:
+        session_id, api_key = await ops.start_session(services, task=body.task_id, group_id=None, metadata={})
+        return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
+    owner = await ops.key_owner(services.session_factory, body.api_key)
+    if owner is None:
+        session_id, api_key = await ops.start_session(
+            services, task=body.task_id, group_id=None, metadata={}, api_key=body.api_key
+        )
+        return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
+    scope, old_session = owner
+    if scope != KeyScope.SESSION.value or old_session is None:
+        raise OpenAIError(
+            400, "Cannot use an admin API key as a session key.", "invalid_request_error", param="api_key"
+        )
+    if await ops.session_status(services.session_factory, old_session) != SessionStatus.FINALIZED.value:
+        await ops.end_and_finalize(services, old_session)  # before its key moves on
+    session_id = await ops.rebind_key(services, body.api_key, task=body.task_id)
+    return ArealStartSessionResponse(session_id=session_id, api_key=body.api_key)
+
+
+async def areal_set_reward(request: Request, caller: Caller, services: Services) -> ArealMessageResponse:
+    """`{reward, interaction_id?}` → `{message}`: a reward on a completion of the caller's session,
+    its last completion when `interaction_id` is null."""
+    body = await ops.parse_body(request, ArealSetRewardRequest)
+    session_id = _own_session(caller)
+    completion_id = body.interaction_id
+    if completion_id is None:
+        completion_id = await ops.last_completion_id(services.session_factory, session_id)
+        if completion_id is None:
+            raise OpenAIError(
+                400, f"Session {session_id} has no completions to reward.", "invalid_request_error",
+                param="interaction_id", code="no_interactions",
+            )
+    owner = await ops.session_of_completion(services.session_factory, completion_id)
+    await ops.reward(
+        services, caller, session_id=owner, completion_id=completion_id,
+        value=body.reward, source="rest", details={},
+    )
+    return ArealMessageResponse(message="success")
+
+
+async def areal_end_session(caller: Caller, services: Services) -> ArealEndSessionResponse:
+    """`{}` → `{message, interaction_count}`: ends and finalizes the caller's session now; rewards
+    never set count as 0 (AReaL's rule)."""
+    session_id = _own_session(caller)
+    await ops.end(services, caller, session_id, finalize_now=True)
+    count = await ops.completion_count(services.session_factory, session_id)
+    return ArealEndSessionResponse(message="success", interaction_count=count)

@@ -1,0 +1,152 @@
+"""Request and response bodies of the RL control API (/rl/v1/…) and of AReaL's compatible routes (/rl/…)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_GROUP_SIZE = 1024
+"""Most sessions one group may hold: a GRPO group is a handful to a few hundred attempts."""
+
+RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-1e308, le=1e308)]
+"""A finite JSON number (no strings, no booleans; NaN/Infinity literals are refused); the bound is the
+database's: larger magnitudes do not fit a finite float8 check on every backend."""
+
+Identifier = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class _Strict(BaseModel):
+    """Our own API refuses unknown fields, so a misspelt `valeu` is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSessionRequest(_Strict):
+    task: Any = None
+    """Anything JSON that describes the task (a prompt, a dataset row id)."""
+    group_id: Identifier | None = None
+    """Join this group (made by POST /rl/v1/groups with room left); 409 when it is full."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CreateSessionResponse(BaseModel):
+    session_id: str
+    api_key: str
+    """The session key: shown only here, stored only as its hash."""
+    base_url: str
+    """The OpenAI base URL the agent uses with `api_key`."""
+
+
+class CreateGroupRequest(_Strict):
+    size: Annotated[int, Field(strict=True, ge=1, le=MAX_GROUP_SIZE)]
+    task: Any = None
+
+
+class GroupSession(BaseModel):
+    session_id: str
+    api_key: str
+
+
+class CreateGroupResponse(BaseModel):
+    group_id: str
+    sessions: list[GroupSession]
+    base_url: str
+
+
+class RewardRequest(_Strict):
+    value: RewardValue
+    source: Annotated[str, Field(min_length=1, max_length=64)] = "rest"
+    """Who judged: rewards of one target combine per source (the latest of each source, summed)."""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardResponse(BaseModel):
+    reward_id: int
+    session_id: str
+    completion_id: str | None
+    value: float
+    source: str
+
+
+class EndSessionResponse(BaseModel):
+    session_id: str
+    status: str
+    ended: bool
+    """False when the session had ended already (ending is idempotent)."""
+
+
+class CompletionSummary(BaseModel):
+    id: str
+    parent_id: str | None
+    finish_reason: str
+    prompt_tokens: int
+    """Full prompt length, including the tokens inherited from the parent chain."""
+    completion_tokens: int
+    versions: list[int]
+    """The distinct policy versions that generated its output tokens, ascending."""
+    temperature: float
+
+
+class RewardSummary(BaseModel):
+    id: int
+    value: float
+    source: str
+    completion_id: str | None
+    details: dict[str, Any]
+    created_at: str
+
+
+class SessionView(BaseModel):
+    session_id: str
+    status: str
+    """"active", "ended" (rewards may still arrive) or "finalized" (trajectories written)."""
+    group_id: str | None
+    task: Any
+    metadata: dict[str, Any]
+    created_at: str
+    ended_at: str | None
+    completions: list[CompletionSummary]
+    rewards: list[RewardSummary]
+
+
+# AReaL's proxy API (areal/experimental/openai/proxy): extra fields are ignored, as AReaL does.
+
+
+class ArealStartSessionRequest(BaseModel):
+    task_id: Any = None
+    api_key: str | None = None
+    """Reuse this key: a session still active on it is ended and finalized, and the key moves to the
+    new session."""
+    group_size: Annotated[int, Field(strict=True, ge=1, le=MAX_GROUP_SIZE)] | None = None
+    """AReaL v2: start a whole group; the answer is 201 with its sessions."""
+
+
+class ArealStartSessionResponse(BaseModel):
+    session_id: str
+    api_key: str
+
+
+class ArealGroupSession(BaseModel):
+    session_id: str
+    session_api_key: str
+
+
+class ArealStartGroupResponse(BaseModel):
+    group_id: str
+    sessions: list[ArealGroupSession]
+
+
+class ArealSetRewardRequest(BaseModel):
+    reward: RewardValue
+    interaction_id: Identifier | None = None
+    """A completion id (chatcmpl-…) of the caller's session; None: its last completion."""
+
+
+class ArealMessageResponse(BaseModel):
+    message: str
+
+
+class ArealEndSessionResponse(BaseModel):
+    message: str
+    interaction_count: int

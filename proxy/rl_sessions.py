@@ -1,0 +1,278 @@
+"""The RL control operations shared by the /rl/v1 routes and AReaL's /rl aliases: create sessions and
+groups, attach rewards, end sessions, describe them. Every refusal is an OpenAIError raised before
+anything is written."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import func, select, update
+
+from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key
+from proxy.errors import OpenAIError, describe_validation_errors
+from proxy.rl_schemas import (
+    CompletionSummary,
+    EndSessionResponse,
+    RewardResponse,
+    RewardSummary,
+    SessionView,
+)
+from proxy.services import ProxyServices
+from rewards.finalizer import SessionFinalizer
+from rewards.snapshot import load_session_snapshot
+from storage.engine import SessionFactory, write_transaction
+from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
+from storage.queries import add_reward, create_group, create_session, end_session, hash_api_key
+from storage.records import CompletionRecord, GroupRecord, SessionRecord
+
+logger = logging.getLogger(__name__)
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def new_session_id() -> str:
+    return f"sess_{secrets.token_hex(12)}"
+
+
+def new_group_id() -> str:
+    return f"grp_{secrets.token_hex(12)}"
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    """The JSON body as `model`: 400 if it is not JSON, 422 if it is JSON with a wrong value. Python's
+    parser reads the NaN/Infinity literals many clients send, so they reach validation as a 422."""
+    raw = await request.body()
+    try:
+        data: Any = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise OpenAIError(
+            400, "We could not parse the JSON body of your request.", "invalid_request_error",
+            code="invalid_json",
+        ) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param, code = describe_validation_errors(exc.errors())
+        raise OpenAIError(422, message, "invalid_request_error", param=param, code=code) from None
+
+
+def finalizer_of(services: ProxyServices) -> SessionFinalizer:
+    if services.finalizer is None:  # only between app start-up steps
+        raise OpenAIError(503, "The session finalizer is not running yet.", "server_error")
+    return services.finalizer
+
+
+def check_may_act(principal: Principal, session_id: str, what: str = "session") -> None:
+    if not principal.may_act_on(session_id):
+        raise OpenAIError(
+            403, f"This API key may not act on that {what}: a session key acts only on its own session.",
+            "permission_error", code="wrong_session",
+        )
+
+
+def _not_found(kind: str, ident: str) -> OpenAIError:
+    return OpenAIError(404, f"No {kind} {ident!r}.", "invalid_request_error", code=f"{kind}_not_found")
+
+
+async def start_session(
+    services: ProxyServices, *, task: Any, group_id: str | None, metadata: dict[str, Any],
+    api_key: str | None = None,
+) -> tuple[str, str]:
+    """A new session and its key (`api_key` if given, else a fresh one); 404 for an unknown group,
+    409 for a full one."""
+    session_id, key = new_session_id(), api_key or generate_api_key(SESSION_KEY_PREFIX)
+    record = SessionRecord(
+        id=session_id, key_hash=hash_api_key(key), group_id=group_id, task=task, metadata=metadata
+    )
+    try:
+        await create_session(services.session_factory, record)
+    except LookupError:
+        raise _not_found("group", group_id or "") from None
+    except ValueError as exc:
+        raise OpenAIError(409, str(exc), "conflict_error", param="group_id", code="group_full") from None
+    logger.info("session %s started (group %s)", session_id, group_id)
+    return session_id, key
+
+
+async def start_group(services: ProxyServices, *, size: int, task: Any) -> tuple[str, list[tuple[str, str]]]:
+    """A group and all `size` of its sessions, in one transaction."""
+    group_id = new_group_id()
+    members = [(new_session_id(), generate_api_key(SESSION_KEY_PREFIX)) for _ in range(size)]
+    records = [
+        SessionRecord(id=sid, key_hash=hash_api_key(key), group_id=group_id, task=task)
+        for sid, key in members
+    ]
+    await create_group(services.session_factory, GroupRecord(id=group_id, size=size, task=task), records)
+    logger.info("group %s started with %d sessions", group_id, size)
+    return group_id, members
+
+
+async def session_status(session_factory: SessionFactory, session_id: str) -> str:
+    async with session_factory() as db:
+        status = await db.scalar(select(Session.status).where(Session.id == session_id))
+    if status is None:
+        raise _not_found("session", session_id)
+    return status
+
+
+async def session_of_completion(session_factory: SessionFactory, completion_id: str) -> str:
+    async with session_factory() as db:
+        session_id = await db.scalar(select(Completion.session_id).where(Completion.id == completion_id))
+    if session_id is None:
+        raise _not_found("completion", completion_id)
+    return session_id
+
+
+async def reward(
+    services: ProxyServices, principal: Principal, *, session_id: str, completion_id: str | None,
+    value: float, source: str, details: dict[str, Any],
+) -> RewardResponse:
+    """Attach a reward to a session (`completion_id` None) or to one of its completions. 409 once the
+    session is finalized: its trajectories are written and the reward could no longer count."""
+    check_may_act(principal, session_id, "completion" if completion_id else "session")
+    finalizer = finalizer_of(services)
+    async with finalizer.session_guard(session_id):
+        status = await session_status(services.session_factory, session_id)
+        if status == SessionStatus.FINALIZED.value:
+            raise OpenAIError(
+                409, f"Session {session_id} is finalized: its trajectories are written, so rewards must "
+                "arrive before then (before its end, or before its last missing reward).",
+                "conflict_error", code="session_finalized",
+            )
+        reward_id = await add_reward(
+            services.session_factory, value, session_id=None if completion_id else session_id,
+            completion_id=completion_id, source=source, details=details,
+        )
+    if status == SessionStatus.ENDED.value:
+        finalizer.schedule(session_id)
+    return RewardResponse(
+        reward_id=reward_id, session_id=session_id, completion_id=completion_id, value=value, source=source
+    )
+
+
+async def end(
+    services: ProxyServices, principal: Principal, session_id: str, *, finalize_now: bool = False
+) -> EndSessionResponse:
+    """End a session (idempotent) and finalize it when it is ready (`finalize_now`: whatever rewards
+    it has, as AReaL does)."""
+    check_may_act(principal, session_id)
+    finalizer = finalizer_of(services)
+    try:
+        ended = await end_session(services.session_factory, session_id)
+    except LookupError:
+        raise _not_found("session", session_id) from None
+    status = SessionStatus.ENDED.value
+    if not ended:
+        status = await session_status(services.session_factory, session_id)
+    if status == SessionStatus.ENDED.value:
+        finalizer.schedule(session_id, now=finalize_now)
+    if ended:
+        logger.info("session %s ended", session_id)
+    return EndSessionResponse(session_id=session_id, status=status, ended=ended)
+
+
+async def end_and_finalize(services: ProxyServices, session_id: str) -> int:
+    """End a session if it is still active and finalize it now, waiting for it (AReaL's key reuse)."""
+    if await end_session(services.session_factory, session_id):
+        logger.info("session %s ended: its key is reused", session_id)
+    return await finalizer_of(services).finalize(session_id)
+
+
+async def describe(services: ProxyServices, principal: Principal, session_id: str) -> SessionView:
+    check_may_act(principal, session_id)
+    snapshot = await load_session_snapshot(services.session_factory, session_id)
+    if snapshot is None:
+        raise _not_found("session", session_id)
+    prompt_lengths = _prompt_lengths(snapshot.completions)
+    return SessionView(
+        session_id=snapshot.id,
+        status=snapshot.status,
+        group_id=snapshot.group_id,
+        task=snapshot.task,
+        metadata=snapshot.metadata,
+        created_at=snapshot.created_at.isoformat(),
+        ended_at=None if snapshot.ended_at is None else snapshot.ended_at.isoformat(),
+        completions=[
+            CompletionSummary(
+                id=c.id, parent_id=c.parent_id, finish_reason=c.finish_reason,
+                prompt_tokens=prompt_lengths[c.id], completion_tokens=len(c.output_ids),
+                versions=sorted({int(v) for v in c.output_versions}), temperature=c.temperature,
+            )
+            for c in snapshot.completions
+        ],
+        rewards=[
+            RewardSummary(
+                id=r.id, value=r.value, source=r.source, completion_id=r.completion_id, details=r.details,
+                created_at=r.created_at.isoformat(),
+            )
+            for r in snapshot.rewards
+        ],
+    )
+
+
+def _prompt_lengths(completions: Sequence[CompletionRecord]) -> dict[str, int]:
+    """Full prompt length of each completion: its suffix plus its parent's prompt and output."""
+    by_id = {c.id: c for c in completions}
+    lengths: dict[str, int] = {}
+    for completion in completions:
+        pending: list[CompletionRecord] = []
+        node: CompletionRecord | None = completion
+        while node is not None and node.id not in lengths:
+            pending.append(node)
+            node = by_id.get(node.parent_id) if node.parent_id else None
+        for item in reversed(pending):
+            parent = by_id.get(item.parent_id) if item.parent_id else None
+            inherited = 0 if parent is None else lengths[parent.id] + len(parent.output_ids)
+            lengths[item.id] = inherited + len(item.prompt_ids)
+    return lengths
+
+
+async def last_completion_id(session_factory: SessionFactory, session_id: str) -> str | None:
+    """The session's latest completion in call order (AReaL's `interaction_id: null`)."""
+    async with session_factory() as db:
+        return await db.scalar(
+            select(Completion.id)
+            .where(Completion.session_id == session_id)
+            .order_by(Completion.created_at.desc(), Completion.id.desc())
+            .limit(1)
+        )
+
+
+async def completion_count(session_factory: SessionFactory, session_id: str) -> int:
+    async with session_factory() as db:
+        count = await db.scalar(
+            select(func.count()).select_from(Completion).where(Completion.session_id == session_id)
+        )
+    return int(count or 0)
+
+
+async def key_owner(session_factory: SessionFactory, api_key: str) -> tuple[str, str | None] | None:
+    """(scope, session_id) of a stored key, revoked or not; None if it was never issued."""
+    async with session_factory() as db:
+        row = (
+            await db.execute(
+                select(ApiKey.scope, ApiKey.session_id).where(ApiKey.key_hash == hash_api_key(api_key))
+            )
+        ).one_or_none()
+    return None if row is None else (row.scope, row.session_id)
+
+
+async def rebind_key(services: ProxyServices, api_key: str, *, task: Any) -> str:
+    """A new session that takes over an existing session key (AReaL's key reuse); returns its id."""
+    session_id = new_session_id()
+    async with write_transaction(services.session_factory) as db:
+        db.add(Session(id=session_id, task=task, metadata_={}))
+        await db.flush()
+        await db.execute(
+            update(ApiKey)
+            .where(ApiKey.key_hash == hash_api_key(api_key), ApiKey.scope == KeyScope.SESSION.value)
+            .values(session_id=session_id, revoked_at=None)
+        )
+    logger.info("session %s started on a reused key", session_id)
+    return session_id
