@@ -1,0 +1,111 @@
+"""Replay of real agent requests (OpenClaw, hermes-agent) captured on loopback: every chat completion
+request they sent is accepted by the proxy (200, a complete stream or object) and recorded.
+
+The captures live in tests/fixtures/agent-requests (or $FLYWHEEL_TEST_AGENT_REQUESTS); see its README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
+    LoopThread,
+    Proxy,
+    ProxyFactory,
+    proxies_fixture,
+    servers_fixture,
+)
+from tests.support.scripted_worker import default_token_fn
+
+EOS = 2  # the tiny tokenizer's <|im_end|>
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+SERVED_NOW = (*CHAT_PATHS, "/v1/models")
+LATER = {
+    "/api/v1/models": "agent probes (an Ollama/LM Studio-style model listing) are issue 4",
+    "/api/show": "agent probes (Ollama's /api/show) are issue 4",
+    "/v1/models/": "agent probes: answering for the captured model name, not the served one, is issue 4",
+    "/v1/responses": "the Responses API is issue 4",
+}
+
+
+def _fixture_dirs() -> list[Path]:
+    configured = os.environ.get("FLYWHEEL_TEST_AGENT_REQUESTS")
+    if configured:
+        return [Path(configured)]
+    in_repo = Path(__file__).parents[1] / "fixtures" / "agent-requests"
+    return [in_repo, Path("/work/shared/fixtures/agent-requests")]
+
+
+def _captured() -> list[Any]:
+    for directory in _fixture_dirs():
+        files = sorted(directory.glob("*.jsonl"))
+        if files:
+            return [
+                _param(json.loads(line), f"{path.stem}:{number}")
+                for path in files
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if line.strip()
+            ]
+    reason = f"no captured agent requests in {' or '.join(map(str, _fixture_dirs()))}"
+    return [pytest.param(None, id="no-captures", marks=pytest.mark.skip(reason=reason))]
+
+
+def _param(captured: dict[str, Any], name: str) -> Any:
+    method, path = captured["method"], captured["path"]
+    if path in SERVED_NOW:
+        return pytest.param(captured, id=name)
+    reason = next((why for prefix, why in LATER.items() if path.startswith(prefix)), "not an OpenAI route")
+    return pytest.param(captured, id=name, marks=pytest.mark.skip(reason=f"{method} {path}: {reason}"))
+
+
+def _stop_after_a_few(prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
+    return EOS if position >= 6 else default_token_fn(prompt_ids, position, index, seed)
+
+
+@pytest.fixture
+def replay_proxy(proxies: ProxyFactory, servers: LoopThread) -> Proxy:
+    worker = servers.start_scripted(token_fn=_stop_after_a_few, eos_token_id=EOS, record=False)
+    # The captured prompts are far longer than the tiny model's context; the scripted worker has none.
+    return proxies.start([worker.url], context_length=1 << 20, default_max_tokens=64)
+
+
+@pytest.mark.parametrize("captured", _captured())
+def test_captured_agent_request_is_accepted(replay_proxy: Proxy, captured: dict[str, Any]) -> None:
+    method, path = captured["method"], captured["path"]
+    headers = {"Authorization": f"Bearer {replay_proxy.session_key}"}
+    url = f"{replay_proxy.base_url}{path}"
+    if method == "GET":
+        response = httpx.get(url, headers=headers, timeout=30)
+        assert response.status_code == 200, response.text
+        return
+    body = captured["body"]
+    before = replay_proxy.count_completions()
+    if body.get("stream"):
+        _assert_complete_stream(url, headers, body)
+    else:
+        response = httpx.post(url, headers=headers, json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["object"] == "chat.completion"
+    assert replay_proxy.count_completions() == before + max(1, body.get("n") or 1)
+
+
+def _assert_complete_stream(url: str, headers: dict[str, str], body: dict[str, Any]) -> None:
+    with httpx.stream("POST", url, headers=headers, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read().decode()
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    finished = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    finished = [reason for reason in finished if reason]
+    assert finished == ["stop"]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 7
