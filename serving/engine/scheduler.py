@@ -160,10 +160,8 @@ class Engine:
         self._ship()
 
     def _has_work(self) -> bool:
-        if self.paused:
-            return False
-        return self._batch is not None or (bool(self._waiting) and self._pending_swap is None) \
-            or self._pending_swap is not None
+        return not self.paused and (self._batch is not None or bool(self._waiting)
+                                    or self._pending_swap is not None)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -185,8 +183,11 @@ class Engine:
         except Exception as exc:  # the decode loop must outlive any one bad batch
             logger.exception("decode step failed; aborting %d sequences", len(self._rows))
             for seq in self._rows:
-                seq.abort(f"Internal error in the CPU engine: {exc}")
-            self._retire()
+                if not seq.finished:
+                    seq.abort(f"Internal error in the CPU engine: {exc}")
+                    seq.flush(self.weight_version)
+            self._rows, self._batch = [], None
+            self._observe_queues()
 
     def _add(self, sequences: list[Sequence]) -> None:
         for seq in sequences:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from serving.models.loading import load_model
 from tests.integration.test_engine_generate import (
     PROMPT,
     assert_logprobs_match,
@@ -272,6 +273,26 @@ async def test_requests_of_clients_that_hang_up_are_aborted(tiny_model_dir):
                 await impatient.post("/generate", json=body)
         await wait_until(lambda: stats(url)["running_requests"] == 0)
         assert stats(url)["generated_tokens"] - first < 2000
+
+
+def test_a_failing_step_aborts_its_batch_and_the_engine_keeps_serving(tiny_model_dir):
+    loaded = load_model(str(tiny_model_dir))
+    forward = loaded.model.forward
+    broken = {"now": False}
+
+    def flaky_forward(*args: Any, **kwargs: Any) -> Any:
+        if broken["now"]:
+            raise RuntimeError("simulated kernel failure")
+        return forward(*args, **kwargs)
+    loaded.model.forward = flaky_forward
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, **GREEDY}}
+    with running_engine(tiny_model_dir, loaded) as url:
+        healthy = generate(url, body)
+        broken["now"] = True
+        failed = generate(url, body)["meta_info"]["finish_reason"]
+        assert failed["type"] == "abort" and "simulated kernel failure" in failed["message"]
+        broken["now"] = False
+        assert generate(url, body)["output_ids"] == healthy["output_ids"]
 
 
 def test_info_and_health_routes(tiny_model_dir, sglang_api_types):

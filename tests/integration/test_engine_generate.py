@@ -16,16 +16,16 @@ import torch
 
 from serving.config import CpuEngineConfig, ServingConfig
 from serving.engine.server import create_engine_app, serve_in_thread
-from serving.models.loading import load_model
+from serving.models.loading import LoadedModel, load_model
 
 PROMPT = [74, 75, 536, 300, 12, 99]
 
 
 @contextmanager
-def running_engine(model_dir: Path, **cpu: Any) -> Iterator[str]:
-    """A CPU engine on a loopback port serving a fresh copy of the model in `model_dir`."""
+def running_engine(model_dir: Path, loaded: LoadedModel | None = None, **cpu: Any) -> Iterator[str]:
+    """A CPU engine on a loopback port serving `loaded`, or a fresh copy of the model in `model_dir`."""
     config = ServingConfig(model=str(model_dir), cpu=CpuEngineConfig(num_threads=1, **cpu))
-    with serve_in_thread(create_engine_app(config, load_model(str(model_dir)))) as url:
+    with serve_in_thread(create_engine_app(config, loaded or load_model(str(model_dir)))) as url:
         yield url
 
 
