@@ -224,7 +224,11 @@ async def abort_request(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    # The CPU engine keeps no prefix cache between requests, so there is never anything to flush.
+    """No prefix cache to drop here, but refused while requests run or wait, as SGLang refuses it."""
+    engine = _state(request).engine
+    queues = engine.metrics.snapshot()
+    if queues["running_requests"] or (queues["waiting_requests"] and not engine.paused):
+        return PlainTextResponse("Flush cache failed.\n", status_code=400)
     return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
                              "(When there are running or waiting requests, the operation will not be "
                              "performed.)\n")

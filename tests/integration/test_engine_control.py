@@ -248,6 +248,7 @@ async def test_abort_request_by_rid_and_all(tiny_model_dir, sglang_api_types):
                     "input_ids": PROMPT, "rid": rid, "sampling_params": {"max_new_tokens": 1500, **GREEDY}}))
             victim, bystander = long("victim"), long("bystander")
             await wait_until(lambda: stats(url)["running_requests"] == 2)
+            assert (await client.post("/flush_cache")).status_code == 400  # SGLang refuses while busy
             body = {"rid": "victim"}
             sglang_api_types.decode_AbortRequest(body)
             assert (await client.post("/abort_request", json=body)).status_code == 200
