@@ -25,6 +25,7 @@ from storage.config import StorageConfig
 logger = logging.getLogger(__name__)
 
 _MAX_CLIENT_REQUEST_ID = 128
+_RL_PREFIX = "/rl/"
 
 
 def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> FastAPI:
@@ -87,11 +88,17 @@ class RequestContextMiddleware:
         started = time.perf_counter()
         status = 500
 
+        changes_keys = scope["method"] == "POST" and scope["path"].startswith(_RL_PREFIX)
+
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message["headers"] = [*message.get("headers", ()), header]
+                if changes_keys and status < 400:
+                    # The call has committed (a session ended, a key rebound); before its caller can
+                    # act on the answer, no cached key may outlive what it changed.
+                    _clear_key_cache(scope)
             await send(message)
 
         try:
@@ -109,6 +116,12 @@ class RequestContextMiddleware:
         if self.log_requests:
             logger.info("%s %s -> %d in %.1f ms (request %s)", scope["method"], scope["path"], status,
                         elapsed * 1000, request_id)
+
+
+def _clear_key_cache(scope: Scope) -> None:
+    services: Any = getattr(scope["app"].state, "services", None)
+    if services is not None:
+        services.key_cache.clear()
 
 
 def _request_id(scope: Scope) -> str:

@@ -11,6 +11,7 @@ FastAPI dependencies:
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -53,6 +54,37 @@ class KeyLookup:
     session_active: bool
 
 
+class KeyCache:
+    """Keys recently found valid and active, by sha256 digest, so a busy agent costs one database
+    lookup per `ttl_s` instead of one per call. Only positive answers are kept. The app clears it
+    whenever an RL control call changes state (a session ended, a key rebound), so those take effect
+    at once; a change made by another process takes effect within `ttl_s`. `ttl_s = 0` disables it."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 65536) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[float, KeyLookup]] = {}
+
+    def get(self, key_hash: str) -> KeyLookup | None:
+        entry = self._entries.get(key_hash)
+        if entry is None:
+            return None
+        if entry[0] < time.monotonic():
+            del self._entries[key_hash]
+            return None
+        return entry[1]
+
+    def put(self, key_hash: str, lookup: KeyLookup) -> None:
+        if self.ttl_s <= 0 or not lookup.session_active:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key_hash] = (time.monotonic() + self.ttl_s, lookup)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 def generate_api_key(prefix: str) -> str:
     """A new bearer key: `prefix` then 43 url-safe characters (256 random bits)."""
     return f"{prefix}{secrets.token_urlsafe(32)}"
@@ -67,10 +99,14 @@ async def create_admin_key(session_factory: SessionFactory) -> str:
 
 async def lookup_key(session_factory: SessionFactory, key: str) -> KeyLookup | None:
     """The unrevoked key with this plaintext, with its session's state; None if there is none."""
+    return await lookup_key_hash(session_factory, hash_api_key(key))
+
+
+async def lookup_key_hash(session_factory: SessionFactory, key_hash: str) -> KeyLookup | None:
     query = (
         select(ApiKey.scope, ApiKey.session_id, Session.status)
         .outerjoin(Session, Session.id == ApiKey.session_id)
-        .where(ApiKey.key_hash == hash_api_key(key), ApiKey.revoked_at.is_(None))
+        .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
     )
     async with session_factory() as db:
         row = (await db.execute(query)).one_or_none()
@@ -122,11 +158,15 @@ def require_admin(principal: Annotated[Principal, Depends(require_key)]) -> Prin
 
 
 async def _lookup(request: Request) -> KeyLookup:
-    key = bearer_key(request)
-    session_factory: SessionFactory = request.app.state.services.session_factory
-    lookup = await lookup_key(session_factory, key)
+    key_hash = hash_api_key(bearer_key(request))
+    services = request.app.state.services
+    cache: KeyCache = services.key_cache
+    lookup = cache.get(key_hash)
     if lookup is None:
-        raise _unauthorized("Incorrect API key provided.")
+        lookup = await lookup_key_hash(services.session_factory, key_hash)
+        if lookup is None:
+            raise _unauthorized("Incorrect API key provided.")
+        cache.put(key_hash, lookup)
     return lookup
 
 

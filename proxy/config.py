@@ -34,6 +34,11 @@ class ProxyConfig(BaseModel):
     do not stall the event loop; shorter ones are faster inline."""
     worker_failure_cooldown_s: float = Field(5.0, ge=0)
     """After a connection failure a worker is tried last for this long."""
+    key_cache_ttl_s: float = Field(2.0, ge=0)
+    """How long a key found valid is trusted without asking the database again. Sessions ended or
+    keys rebound through this proxy's RL API stop working at once regardless; a change made by
+    another process (a second proxy, the CLI) or the finalizer's idle-session expiry takes up to this
+    long. 0 asks the database on every call."""
     log_requests: bool = False
     """Log one line per request (method, path, status, latency, request id)."""
     finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)

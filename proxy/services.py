@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.auth import KeyCache
 from proxy.balancer import Balancer
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
@@ -46,6 +47,7 @@ class ProxyServices:
     balancer: Balancer
     served_model_name: str
     metrics: ProxyMetrics
+    key_cache: KeyCache
     finalizer: SessionFinalizer | None = None
     """Turns ended, rewarded sessions into trajectories; started and stopped by the RL router's
     lifespan (proxy/rl_routes.py), which runs inside this app's."""
@@ -114,6 +116,7 @@ async def build_services(
         balancer=Balancer(clients, metrics, proxy.worker_failure_cooldown_s),
         served_model_name=serving.served_model_name or serving.model,
         metrics=metrics,
+        key_cache=KeyCache(proxy.key_cache_ttl_s),
     )
     logger.info(
         "proxy serving %s (context %d tokens) through %d worker(s): %s",
