@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +181,7 @@ def _max_new_tokens(state: ServingState, plan: PlannedSequence, prompt_len: int)
 
 
 def make_sequence(state: ServingState, plan: PlannedSequence, prompt_ids: list[int], max_new_tokens: int,
-                  deliver: Any) -> Sequence:
+                  deliver: Callable[[SequenceUpdate], None]) -> Sequence:
     opts = plan.sampling
     stop_ids = frozenset() if opts.ignore_eos else opts.stop_token_ids | state.eos_token_ids
     window = max([len(state.tokenizer.encode(s, add_special_tokens=False)) for s in opts.stop_strs],

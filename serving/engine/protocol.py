@@ -237,7 +237,7 @@ def plan_generate(wire: GenerateWire, *, vocab_size: int) -> GeneratePlan:
 
 
 def _is_batch_ids(input_ids: list[Any] | None) -> bool:
-    return bool(input_ids) and isinstance(input_ids[0], list)
+    return input_ids is not None and len(input_ids) > 0 and isinstance(input_ids[0], list)
 
 
 def _prompts(wire: GenerateWire, vocab_size: int) -> list[tuple[str | None, list[int] | None]]:

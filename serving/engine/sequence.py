@@ -8,6 +8,7 @@ matched token stays in `output_ids`, as SGLang's do; trimming is for the text on
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ class Sequence:
     """Output tokens to decode when looking for a stop string (SGLang's stop_str_max_len + 1)."""
     generator: torch.Generator | None
     top_logprobs_num: int
-    deliver: Any
+    deliver: Callable[[SequenceUpdate], None]
     """Called with each SequenceUpdate, from the decode thread (it hops to the event loop)."""
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
