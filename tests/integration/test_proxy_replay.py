@@ -1,7 +1,8 @@
 """Replay of real agent requests (OpenClaw, hermes-agent) captured on loopback: every chat completion
 request they sent is accepted by the proxy (200, a complete stream or object) and recorded.
 
-The captures live in tests/fixtures/agent-requests (or $FLYWHEEL_TEST_AGENT_REQUESTS); see its README.
+The captures are read from $FLYWHEEL_TEST_AGENT_REQUESTS, else tests/fixtures/agent-requests, else
+shared/fixtures/agent-requests beside the checkout; see the README there.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def _fixture_dirs() -> list[Path]:
     configured = os.environ.get("FLYWHEEL_TEST_AGENT_REQUESTS")
     if configured:
         return [Path(configured)]
-    in_repo = Path(__file__).parents[1] / "fixtures" / "agent-requests"
-    return [in_repo, Path("/work/shared/fixtures/agent-requests")]
+    repo = Path(__file__).resolve().parents[2]
+    # In the repo if copied there; else the workspace's shared/ beside the checkout (as CI lays it).
+    captures = Path("fixtures") / "agent-requests"
+    return [repo / "tests" / captures, repo.parent / "shared" / captures]
 
 
 def _captured() -> list[Any]:
