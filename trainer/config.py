@@ -203,5 +203,7 @@ class TrainerConfig(_Strict):
     """Seed of torch's generator in the policy actor."""
     weights: WeightPushConfig = Field(default_factory=WeightPushConfig)
     """How new weights reach the workers."""
+    worker_wait_s: float = Field(600.0, ge=0)
+    """At start, how long to wait for every worker's /health (they may still be loading the model)."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """Ray cluster and actor placement."""

@@ -92,6 +92,7 @@ async def train(
     policy = start_policy(serving_config.model, config, serving_config.cache_dir)
     try:
         async with WorkerPool(serving_config.client, worker_urls) as pool:
+            await asyncio.gather(*(c.wait_until_healthy(config.worker_wait_s) for c in pool.clients))
             driver = Driver(
                 config,
                 create_sessionmaker(engine),
