@@ -148,7 +148,7 @@ async def require_principal(request: Request) -> Principal:
     return lookup.principal
 
 
-def require_admin(principal: Annotated[Principal, Depends(require_key)]) -> Principal:
+async def require_admin(principal: Annotated[Principal, Depends(require_key)]) -> Principal:
     """The caller of an admin route; 403 for a session key."""
     if not principal.is_admin:
         raise OpenAIError(

@@ -63,8 +63,9 @@ class ProxyServices:
         return task
 
 
-def get_services(request: Request) -> ProxyServices:
-    """FastAPI dependency: the services of the app serving this request."""
+async def get_services(request: Request) -> ProxyServices:
+    """FastAPI dependency: the services of the app serving this request. (Async: FastAPI would run a
+    plain function in its thread pool, a thread hop per request.)"""
     services: ProxyServices = request.app.state.services
     return services
 
