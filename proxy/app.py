@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy.config import ProxyConfig
 from proxy.errors import REQUEST_ID_HEADER, install_error_handlers
 from proxy.openai_routes import build_openai_router
+from proxy.rl_routes import build_rl_router
 from proxy.services import ProxyServices, build_services, get_services
 from serving.config import ServingConfig
 from storage.config import StorageConfig
@@ -41,24 +42,10 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
     app.include_router(build_openai_router())
-    rl_router = _rl_router()
-    if rl_router is not None:
-        app.include_router(rl_router)
+    app.include_router(build_rl_router())
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     return app
-
-
-def _rl_router() -> APIRouter | None:
-    # TODO(issue 3): import unconditionally once proxy/rl_routes.py lands.
-    try:
-        from proxy.rl_routes import build_rl_router  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError as exc:
-        if exc.name != "proxy.rl_routes":
-            raise
-        return None
-    router: APIRouter = build_rl_router()
-    return router
 
 
 async def metrics(services: Annotated[ProxyServices, Depends(get_services)]) -> Response:

@@ -355,3 +355,23 @@ def test_root_chat_route_models_and_metrics(proxy: Proxy) -> None:
     assert 'flywheel_proxy_requests_total{route="/chat/completions",status="200"} 1.0' in metrics
     assert "flywheel_proxy_record_batch_size_count 1.0" in metrics
     assert 'flywheel_proxy_tokens_total{kind="completion"} 2.0' in metrics
+
+
+def test_cached_key_stops_working_when_its_session_ends(
+    proxies: ProxyFactory, scripted: ScriptedWorker
+) -> None:
+    from storage.queries import end_session
+
+    exact = proxies.start([scripted.url], key_cache_ttl_s=0)
+    exact.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)
+    run_db(exact.db_url, lambda factory: end_session(factory, exact.session_id))  # another process ends it
+    with pytest.raises(openai.AuthenticationError):
+        exact.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)
+
+    cached = proxies.start([scripted.url], key_cache_ttl_s=3600)
+    cached.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)  # now cached
+    ended = httpx.post(f"{cached.base_url}/rl/v1/sessions/{cached.session_id}/end", timeout=10,
+                       headers={"Authorization": f"Bearer {cached.session_key}"})
+    assert ended.status_code == 200, ended.text
+    with pytest.raises(openai.AuthenticationError):
+        cached.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)
