@@ -23,7 +23,7 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     scripted_fixture,
     servers_fixture,
 )
-from tests.support.scripted_worker import ScriptedWorker, token_logprob, token_text
+from tests.support.scripted_worker import ScriptedWorker, default_token_fn, token_logprob, token_text
 
 MESSAGES = [
     {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
@@ -105,12 +105,13 @@ def test_stream_with_usage_is_recorded(proxy: Proxy, scripted: ScriptedWorker) -
 
 
 def test_stream_without_usage_ends_with_finish_reason(proxy: Proxy) -> None:
+    headers = {"Authorization": f"Bearer {proxy.session_key}", "x-request-id": "trace-42"}
     with httpx.stream(
-        "POST", f"{proxy.v1}/chat/completions", headers={"Authorization": f"Bearer {proxy.session_key}"},
+        "POST", f"{proxy.v1}/chat/completions", headers=headers,
         json={"model": "m", "messages": MESSAGES, "max_tokens": 3, "stream": True}, timeout=30,
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        assert response.headers["x-request-id"]
+        assert response.headers["x-request-id"] == "trace-42"  # the client's id, for tracing
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in events[-2] and '"usage"' not in events[-2]
@@ -375,3 +376,25 @@ def test_cached_key_stops_working_when_its_session_ends(
     assert ended.status_code == 200, ended.text
     with pytest.raises(openai.AuthenticationError):
         cached.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)
+
+
+def test_worker_failing_mid_stream_sends_an_error_event_and_records_the_partial(
+    proxies: ProxyFactory, servers: LoopThread
+) -> None:
+    def fail_at_fourth_token(prompt_ids: Any, position: int, index: int, seed: int) -> int:
+        if position == 3:
+            raise RuntimeError("worker crashed")
+        return default_token_fn(prompt_ids, position, index, seed)
+
+    worker = servers.start_scripted(token_fn=fail_at_fourth_token)
+    proxy = proxies.start([worker.url])
+    stream = proxy.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, stream=True)
+    received, response_id = "", ""
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            response_id = chunk.id
+            received += chunk.choices[0].delta.content or ""
+    row = proxy.completion(response_id)
+    assert row.finish_reason == "abort" and scripted_text(row.output_ids) == received
+    assert len(row.output_ids) == 3
+    servers.call(worker.stop())
