@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = command("engine", "run one serving worker: the CPU engine, or an SGLang server on GPU")
     engine.add_argument("--worker-index", type=int, default=0, help="listen on serving.port + this")
-    command("demo", "start an engine with the demo model and ask it one chat question")
+    command("proxy", "run the OpenAI-compatible proxy and the RL control API")
+    command("trainer", "run the Ray trainer: claim rewarded trajectories, train, push weights")
+    command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
+    keys = command("keys", "API keys")
+    keys.add_argument("action", choices=["create"])
+    keys.add_argument("--admin", action="store_true", required=True, help="an admin key (shown once)")
+    command("demo", "run the whole loop on a math agent and report what it learned")
     db = command("db", "database schema (Alembic)")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
     db.add_argument("--revision", default=None, help="target revision (upgrade: head; downgrade: -1)")
@@ -55,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config.run.log_level != "DEBUG":  # alembic logs its plugin set-up at INFO on import
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     handler = _HANDLERS[args.command]
     return handler(config, args)
 
@@ -75,6 +83,56 @@ def _run_engine(config: FlywheelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_proxy(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    from proxy.server import run_proxy
+
+    run_proxy(config.proxy, config.storage, config.serving)
+    return 0
+
+
+def _run_trainer(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    from trainer.runner import run_trainer
+
+    run_trainer(
+        config.trainer, config.storage, config.serving, config.serving.resolved_worker_urls(),
+        run_dir=config.run.dir,
+    )
+    return 0
+
+
+def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from flywheel.stack import describe, run_until_stopped, start_stack
+
+    async def up() -> int:
+        stack = await start_stack(config, args.config, args.overrides)
+        print(describe(stack, config.run.dir), flush=True)
+        return await run_until_stopped(stack)
+
+    try:
+        return asyncio.run(up())
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.auth import create_admin_key
+    from storage.engine import create_engine, create_sessionmaker
+
+    async def create() -> str:
+        engine = create_engine(config.storage)
+        try:
+            return await create_admin_key(create_sessionmaker(engine))
+        finally:
+            await engine.dispose()
+
+    print(asyncio.run(create()))
+    return 0
+
+
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
     import asyncio
 
@@ -86,8 +144,6 @@ def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
 
 def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:
-    if config.run.log_level != "DEBUG":  # before alembic's import, which logs its plugins
-        logging.getLogger("alembic").setLevel(logging.WARNING)
     from storage import migrate
 
     url = config.storage.url
@@ -112,7 +168,16 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-_HANDLERS = {"engine": _run_engine, "demo": _run_demo, "db": _run_db, "config": _print_config}
+_HANDLERS = {
+    "engine": _run_engine,
+    "proxy": _run_proxy,
+    "trainer": _run_trainer,
+    "up": _run_up,
+    "keys": _run_keys,
+    "demo": _run_demo,
+    "db": _run_db,
+    "config": _print_config,
+}
 
 
 if __name__ == "__main__":

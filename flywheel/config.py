@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -17,8 +17,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy.config import ProxyConfig
 from serving.config import ServingConfig
 from storage.config import StorageConfig
+from trainer.config import TrainerConfig
 
 ENV_PREFIX = "FLYWHEEL_"
 # FLYWHEEL_* variables that are not config keys: the config file itself, the model cache, test settings.
@@ -49,6 +51,17 @@ class FlywheelConfig(BaseSettings):
     run: RunConfig = Field(default_factory=RunConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _database_in_run_dir(self) -> FlywheelConfig:
+        # The embedded SQLite database lives in the run directory unless a URL is given.
+        if "url" not in self.storage.model_fields_set:
+            self.storage = self.storage.model_copy(
+                update={"url": f"sqlite+aiosqlite:///{self.run.dir / 'flywheel.db'}"}
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -1,4 +1,4 @@
-"""Start and stop Flywheel's own processes (engines now; proxy and trainer later) as child processes."""
+"""Start and stop Flywheel's own processes (engines, proxy, trainer, agents) as child processes."""
 
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChildProcess:
-    """A running child and where its output goes."""
+    """A running child and the file its output goes to."""
 
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s` (a trainer finishes its step in flight first)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -37,17 +41,29 @@ class ChildProcess:
             return ""
 
 
+def flywheel_command(
+    command: str, config_path: str | None, overrides: Sequence[str], *extra: str
+) -> list[str]:
+    """`python -m flywheel.cli [--config F] COMMAND [extra...] [overrides...]` for this interpreter."""
+    argv = [sys.executable, "-m", "flywheel.cli"]
+    if config_path:
+        argv += ["--config", config_path]
+    return [*argv, command, *extra, *overrides]
+
+
+def start_child(name: str, argv: Sequence[str], log_dir: Path) -> ChildProcess:
+    """Start `argv` with stdout and stderr appended to `<log_dir>/<name>.log`."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as out:
+        process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
+    log.info("started %s (pid %d), log %s", name, process.pid, log_path)
+    return ChildProcess(name, process, log_path)
+
+
 def start_engine(
     config_path: str | None, overrides: Sequence[str], worker_index: int, log_dir: Path
 ) -> ChildProcess:
     """Run `flywheel engine` for one worker in a child process with the same config layers."""
-    command = [sys.executable, "-m", "flywheel.cli"]
-    if config_path:
-        command += ["--config", config_path]
-    command += ["engine", "--worker-index", str(worker_index), *overrides]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"engine-{worker_index}.log"
-    with log_path.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    log.info("started engine %d (pid %d), log %s", worker_index, process.pid, log_path)
-    return ChildProcess(f"engine-{worker_index}", process, log_path)
+    argv = flywheel_command("engine", config_path, overrides, "--worker-index", str(worker_index))
+    return start_child(f"engine-{worker_index}", argv, log_dir)

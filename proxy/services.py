@@ -72,9 +72,7 @@ async def get_services(request: Request) -> ProxyServices:
 
 def worker_urls(serving: ServingConfig) -> list[str]:
     """`serving.worker_urls`, else http://{host}:{port + i} for each of the `num_workers` workers."""
-    if serving.worker_urls:
-        return [url.rstrip("/") for url in serving.worker_urls]
-    return [f"http://{serving.host}:{serving.port + i}" for i in range(serving.num_workers)]
+    return serving.resolved_worker_urls()
 
 
 def configured_context_length(proxy: ProxyConfig, serving: ServingConfig) -> int | None:

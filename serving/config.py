@@ -78,3 +78,9 @@ class ServingConfig(_Strict):
     cpu: CpuEngineConfig = Field(default_factory=CpuEngineConfig)
     sglang: SGLangLaunchConfig = Field(default_factory=SGLangLaunchConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
+
+    def resolved_worker_urls(self) -> list[str]:
+        """`worker_urls`, else http://{host}:{port + i} for each of the `num_workers` workers."""
+        if self.worker_urls:
+            return [url.rstrip("/") for url in self.worker_urls]
+        return [f"http://{self.host}:{self.port + i}" for i in range(self.num_workers)]
