@@ -1,11 +1,10 @@
-"""Portable column types: JSON (JSONB on Postgres), 64-bit keys, and packed per-token arrays."""
+"""Portable column types: JSON (`json` on Postgres), 64-bit keys, and packed per-token arrays."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Dialect, Integer, LargeBinary
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
 from storage.packing import (
@@ -23,8 +22,9 @@ from storage.packing import (
     unpack_mask,
 )
 
-# SQL NULL, never the JSON literal null, for absent values.
-JsonType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# SQL NULL, never the JSON literal null, for absent values. Postgres gets `json`, not `jsonb`: jsonb
+# rejects the escape \u0000, and model output (hence request/response JSON) may contain NUL characters.
+JsonType = JSON(none_as_null=True)
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY.
 BigIntKey = BigInteger().with_variant(Integer(), "sqlite")

@@ -21,9 +21,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # storage.types.JsonType, BigIntKey; packed arrays (storage.types.*Array) are plain binary columns.
-JSON = sa.JSON(none_as_null=True).with_variant(
-    postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-)
+JSON = sa.JSON(none_as_null=True)  # `json` on Postgres: jsonb rejects \u0000, which model text may hold
 BIGINT_KEY = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 

@@ -221,3 +221,17 @@ async def test_trajectory_without_generated_tokens_is_rejected(session_factory: 
     async with session_factory() as db:
         session = await db.get(Session, "s1")
     assert session is not None and session.status == "active"  # nothing half-written
+
+
+async def test_json_with_nul_and_any_unicode_round_trips(session_factory: SessionFactory) -> None:
+    # Model output can hold NUL and lone control characters; Postgres jsonb would refuse \u0000.
+    await create_session(session_factory, _session("s-nul"))
+    text_out = "a\x00b \x01 \ud7ff é 😀 \\u0000"
+    record = _completion("c-nul", "s-nul", None, [1, 2], [3, 4])
+    record = CompletionRecord(
+        **{name: getattr(record, name) for name in record.__slots__ if name != "response_json"},
+        response_json={"choices": [{"message": {"content": text_out}}]},
+    )
+    await record_completion(session_factory, record)
+    (stored,) = await load_completion_chain(session_factory, "c-nul")
+    assert stored.response_json["choices"][0]["message"]["content"] == text_out
