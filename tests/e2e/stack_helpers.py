@@ -1,0 +1,73 @@
+"""Helpers for tests that run the whole stack (`flywheel up`'s processes) on loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from flywheel.config import load_config
+from flywheel.stack import Stack, start_stack
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -> list[str]:
+    """Config overrides for a small, fast stack on free ports with the tiny model."""
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Unix socket paths must stay short
+    settings = {
+        "storage.url": db_url,
+        "serving.model": str(model_dir),
+        "serving.port": free_port(),
+        "serving.cpu.num_threads": 1,
+        "proxy.port": free_port(),
+        "proxy.key_cache_ttl_s": 0,
+        "proxy.finalizer.sweep_interval_s": 0.5,
+        "run.dir": str(run_dir),
+        "trainer.num_threads": 1,
+        "trainer.poll_interval_s": 0.2,
+        "trainer.ray.temp_dir": ray_dir,
+        "trainer.ray.num_cpus": 2,
+        **extra,
+    }
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+@contextmanager
+def running_stack(overrides: list[str], *, trainer: bool = True) -> Iterator[Stack]:
+    config = load_config(None, overrides)
+    stack = asyncio.run(start_stack(config, None, overrides, trainer=trainer))
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, stack: Stack | None = None) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if stack is not None and (dead := stack.dead()) is not None:
+            raise AssertionError(f"{dead.name} died while waiting for {what}:\n{dead.tail(40)}")
+        time.sleep(0.2)
+    logs = "" if stack is None else "\n".join(f"--- {c.name}\n{c.tail(15)}" for c in stack.children)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{logs}")
+
+
+def rest(root_url: str, key: str) -> httpx.Client:
+    return httpx.Client(base_url=root_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)

@@ -1,0 +1,93 @@
+"""The whole loop as users run it: `flywheel up`'s processes (CPU engine, proxy, Ray trainer) on loopback,
+an agent that only knows base_url + api_key (the real `openai` client) and REST rewards, on SQLite and
+Postgres. The trainer must take at least 3 steps and the agent must see the new weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import select
+from transformers import AutoTokenizer
+
+from storage.config import StorageConfig
+from storage.engine import create_engine, create_sessionmaker
+from storage.models import Completion, PolicyVersion, TrainStep
+from tests.e2e.stack_helpers import rest, running_stack, stack_overrides, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+STEPS = 3
+
+
+def engine_version(worker_url: str) -> str:
+    return httpx.get(f"{worker_url}/model_info", timeout=10).json()["weight_version"]
+
+
+def play_group(root_url: str, admin_key: str, received: dict[str, str], size: int = 2) -> None:
+    """One group: each session chats once with its own key, is rewarded over REST and ended."""
+    with rest(root_url, admin_key) as admin:
+        group = admin.post("/rl/v1/groups", json={"size": size, "task": "say something"})
+        assert group.status_code == 201, group.text
+    for index, session in enumerate(group.json()["sessions"]):
+        client = openai.OpenAI(base_url=f"{root_url}/v1", api_key=session["api_key"], max_retries=0)
+        answer = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Count to {index + 3}."}], max_tokens=12
+        )
+        received[answer.id] = answer.choices[0].message.content or ""
+        with rest(root_url, session["api_key"]) as own:
+            reward = own.post(f"/rl/v1/sessions/{session['session_id']}/reward", json={"value": index})
+            assert reward.status_code == 200, reward.text
+            assert own.post(f"/rl/v1/sessions/{session['session_id']}/end").status_code == 200
+
+
+async def read_rows(db_url: str) -> tuple[list[Completion], list[int], list[TrainStep]]:
+    engine = create_engine(StorageConfig(url=db_url))
+    try:
+        async with create_sessionmaker(engine)() as session:
+            completions = list((await session.scalars(select(Completion))).all())
+            versions = list((await session.scalars(select(PolicyVersion.version))).all())
+            steps = list((await session.scalars(select(TrainStep).order_by(TrainStep.step))).all())
+        return completions, versions, steps
+    finally:
+        await engine.dispose()
+
+
+def test_agent_traffic_trains_the_served_policy(empty_db_url, tiny_model_dir, tmp_path):
+    overrides = stack_overrides(
+        empty_db_url, tiny_model_dir, tmp_path / "run",
+        **{"trainer.batch_size": 2, "trainer.total_steps": STEPS, "trainer.lr": 1e-3,
+           "trainer.max_head_offpolicyness": 1},
+    )
+    received: dict[str, str] = {}
+    with running_stack(overrides) as stack:
+        worker_url = next(o.split("=", 1)[1] for o in overrides if o.startswith("serving.port="))
+        worker_url = f"http://127.0.0.1:{worker_url}"
+        assert engine_version(worker_url) == "default"
+
+        def trained_enough() -> bool:
+            if engine_version(worker_url) == str(STEPS):
+                return True
+            play_group(stack.root_url, stack.admin_key, received)
+            return False
+
+        wait_for(trained_enough, 240, f"policy version {STEPS} on the engine", stack)
+        play_group(stack.root_url, stack.admin_key, received)  # served by the newest weights
+        last_ids = list(received)[-2:]
+
+    completions, versions, steps = asyncio.run(read_rows(empty_db_url))
+    assert sorted(versions)[-STEPS:] == list(range(1, STEPS + 1))
+    assert [step.policy_version for step in steps] == list(range(1, STEPS + 1))
+    by_id = {row.id: row for row in completions}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert set(received) <= set(by_id), "a completion the agent received is missing from the database"
+    for completion_id, text in received.items():
+        row = by_id[completion_id]
+        assert tokenizer.decode(row.output_ids.tolist(), skip_special_tokens=True) == text
+        assert len(row.output_ids) == len(row.output_logprobs) == len(row.output_versions) > 0
+    for completion_id in last_ids:
+        assert set(by_id[completion_id].output_versions.tolist()) == {STEPS}
+    first = min(by_id.values(), key=lambda row: row.created_at)
+    assert set(first.output_versions.tolist()) == {0}
