@@ -63,10 +63,10 @@ async def start_stack(
             for index in range(serving.num_workers):
                 stack.children.append(start_engine(config_path, overrides, index, logs))
             for child, url in zip(stack.children, serving.resolved_worker_urls(), strict=True):
-                await _wait_healthy(child, f"{url}/health", timeout_s=600)
+                await wait_healthy(child, f"{url}/health", timeout_s=600)
         proxy = start_child("proxy", flywheel_command("proxy", config_path, overrides), logs)
         stack.children.append(proxy)
-        await _wait_healthy(proxy, f"{stack.root_url}/health", timeout_s=120)
+        await wait_healthy(proxy, f"{stack.root_url}/health", timeout_s=120)
         if trainer:
             argv = flywheel_command("trainer", config_path, overrides)
             stack.children.append(start_child("trainer", argv, logs))
@@ -92,7 +92,7 @@ async def _admin_key(config: FlywheelConfig) -> str:
     return key
 
 
-async def _wait_healthy(child: ChildProcess, url: str, timeout_s: float) -> None:
+async def wait_healthy(child: ChildProcess, url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while True:
