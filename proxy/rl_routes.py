@@ -34,12 +34,14 @@ from proxy.rl_schemas import (
     CreateSessionResponse,
     EndSessionResponse,
     GroupSession,
+    PolicyView,
     RewardRequest,
     RewardResponse,
     SessionView,
 )
 from proxy.services import ProxyServices, get_services
 from rewards.finalizer import SessionFinalizer
+from storage.claims import latest_policy_version
 from storage.models import KeyScope, SessionStatus
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ def build_rl_router() -> APIRouter:
     router.add_api_route("/rl/v1/sessions/{session_id}/reward", reward_session, methods=["POST"])
     router.add_api_route("/rl/v1/completions/{completion_id}/reward", reward_completion, methods=["POST"])
     router.add_api_route("/rl/v1/sessions/{session_id}/end", end_session, methods=["POST"])
+    router.add_api_route("/rl/v1/policy", get_policy, methods=["GET"])
     router.add_api_route("/rl/start_session", areal_start_session, methods=["POST"], response_model=None)
     router.add_api_route("/rl/set_reward", areal_set_reward, methods=["POST"])
     router.add_api_route("/rl/end_session", areal_end_session, methods=["POST"])
@@ -98,6 +101,13 @@ async def create_group(request: Request, _admin: Admin, services: Services) -> C
         sessions=[GroupSession(session_id=sid, api_key=key) for sid, key in members],
         base_url=services.config.base_url(),
     )
+
+
+async def get_policy(caller: Caller, services: Services) -> PolicyView:
+    """The newest policy version the trainer recorded (0: the initial weights); agents that want
+    on-policy samples wait for it to advance between rounds."""
+    version = await latest_policy_version(services.session_factory)
+    return PolicyView(policy_version=version or 0)
 
 
 async def get_session(session_id: str, caller: Caller, services: Services) -> SessionView:

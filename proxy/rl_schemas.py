@@ -150,3 +150,9 @@ class ArealMessageResponse(BaseModel):
 class ArealEndSessionResponse(BaseModel):
     message: str
     interaction_count: int
+
+
+class PolicyView(BaseModel):
+    """`GET /rl/v1/policy`: the newest policy version (0 before the first training step)."""
+
+    policy_version: int

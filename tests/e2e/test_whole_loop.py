@@ -76,6 +76,8 @@ def test_agent_traffic_trains_the_served_policy(empty_db_url, tiny_model_dir, tm
         wait_for(trained_enough, 240, f"policy version {STEPS} on the engine", stack)
         play_group(stack.root_url, stack.admin_key, received)  # served by the newest weights
         last_ids = list(received)[-2:]
+        with rest(stack.root_url, stack.admin_key) as admin:
+            assert admin.get("/rl/v1/policy").json() == {"policy_version": STEPS}
 
     completions, versions, steps = asyncio.run(read_rows(empty_db_url))
     assert sorted(versions)[-STEPS:] == list(range(1, STEPS + 1))
