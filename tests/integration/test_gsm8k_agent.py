@@ -1,0 +1,302 @@
+"""The demo agent against the real proxy (uvicorn on loopback, SQLite and Postgres) in front of a scripted
+SGLang worker that "solves" each problem in a set way: right in the #### form, right in words, or wrong.
+The agent talks only HTTP (openai client + REST); this test reads the database to check what it left:
+one group of G rewarded, ended sessions per problem, one completion per attempt, eval sessions greedy,
+ended and unrewarded (and so never trained on with missing_reward=drop)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from transformers import AutoTokenizer
+
+from integrations.gsm8k import cli
+from integrations.gsm8k.agent import evaluate, rollout_group
+from integrations.gsm8k.loop import LoopSettings, PolicyVersionWaiter, run_agent_loop
+from integrations.gsm8k.problems import Problem, generate_problems
+from integrations.gsm8k.scoring import reward
+from storage.engine import SessionFactory
+from storage.models import Completion, Reward, Session, Trajectory
+from tests.integration.test_proxy_harness import (  # noqa: F401 -- fixtures
+    LoopThread,
+    Proxy,
+    ProxyFactory,
+    dead_worker_url,
+    proxies_fixture,
+    run_db,
+    servers_fixture,
+)
+from tests.support import scripted_worker
+
+FINALIZER = {"sweep_interval_s": 0.2, "reward_grace_s": 0.2, "missing_reward": "drop"}
+MODES = ("right_hashes", "right_words", "wrong_hashes")
+
+
+def scripted_answer(problem: Problem, mode: str) -> str:
+    gold = int(problem.answer)
+    if mode == "right_hashes":
+        return f"Step by step: it is {gold}.\n#### {gold}"
+    if mode == "right_words":
+        return f"I count them all. The answer is {gold}."
+    return f"I guess.\n#### {gold + 1}"
+
+
+class Solver:
+    """The worker's token function: decodes the prompt, finds the question, and spells out that
+    question's scripted answer with the served tokenizer, then <|im_end|>. `text` gives the worker the
+    text of a token (it otherwise writes one letter a token)."""
+
+    def __init__(self, model_dir: Path, answers: dict[str, str]) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.answers = answers
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+        self._lock = threading.Lock()
+
+    def output_ids(self, prompt_ids: Sequence[int]) -> list[int]:
+        key = tuple(prompt_ids)
+        with self._lock:
+            if key not in self._cache:
+                prompt = self.tokenizer.decode(list(prompt_ids))
+                user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+                text = self.answers.get(user.strip(), "no idea")
+                self._cache[key] = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos]
+            return self._cache[key]
+
+    def text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def __call__(self, prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
+        ids = self.output_ids(prompt_ids)
+        return ids[min(position, len(ids) - 1)]
+
+
+@pytest.fixture(name="problems")
+def problems_fixture() -> list[Problem]:
+    return generate_problems(6, seed=11)
+
+
+@pytest.fixture(name="modes")
+def modes_fixture(problems: list[Problem]) -> dict[str, str]:
+    return {p.question: MODES[i % len(MODES)] for i, p in enumerate(problems)}
+
+
+@pytest.fixture(name="proxy")
+def proxy_fixture(
+    proxies: ProxyFactory, servers: LoopThread, tiny_model_dir: Path, problems: list[Problem],
+    modes: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Proxy]:
+    answers = {p.question: scripted_answer(p, modes[p.question]) for p in problems}
+    solver = Solver(tiny_model_dir, answers)
+    monkeypatch.setattr(scripted_worker, "token_text", solver.text)
+    worker = servers.start_scripted(token_fn=solver, eos_token_id=solver.eos)
+    yield proxies.start([worker.url], finalizer=FINALIZER)
+    servers.call(worker.stop())
+
+
+def expected_reward(problem: Problem, modes: dict[str, str]) -> float:
+    return {"right_hashes": 1.1, "right_words": 1.0, "wrong_hashes": 0.1}[modes[problem.question]]
+
+
+async def _rows(session_factory: SessionFactory) -> dict[str, Any]:
+    async with session_factory() as db:
+        return {
+            "sessions": list((await db.execute(select(Session))).scalars()),
+            "completions": list((await db.execute(select(Completion))).scalars()),
+            "rewards": list((await db.execute(select(Reward))).scalars()),
+            "trajectories": list((await db.execute(select(Trajectory))).scalars()),
+        }
+
+
+def rows(proxy: Proxy) -> dict[str, Any]:
+    return run_db(proxy.db_url, _rows)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_rollout_groups_and_evaluation_leave_the_right_rows(
+    proxy: Proxy, problems: list[Problem], modes: dict[str, str]
+) -> None:
+    group_size, train, held_out = 4, problems[:4], problems[4:]
+    agent_kwargs = {"temperature": 0.9, "max_tokens": 48}
+    results = [rollout_group(proxy.base_url, proxy.admin_key, p, group_size, agent_kwargs) for p in train]
+
+    for problem, result in zip(train, results, strict=True):
+        want_text = scripted_answer(problem, modes[problem.question])
+        assert [a.text for a in result.attempts] == [want_text] * group_size  # what the agent received
+        assert [a.reward for a in result.attempts] == pytest.approx([expected_reward(problem, modes)] * 4)
+        assert result.mean_reward == pytest.approx(reward(want_text, problem.answer))
+    before_eval = rows(proxy)
+    assert len(before_eval["completions"]) == len(train) * group_size
+
+    accuracy = evaluate(proxy.base_url, proxy.admin_key, held_out, {"max_tokens": 48}, concurrency=2)
+    right = sum(modes[p.question] != "wrong_hashes" for p in held_out)
+    assert (accuracy.correct, accuracy.total, accuracy.errors) == (right, len(held_out), 0)
+    assert accuracy.accuracy == pytest.approx(right / len(held_out))
+
+    found = rows(proxy)
+    sessions = {s.id: s for s in found["sessions"]}
+    rewards_by_session: dict[str | None, list[Reward]] = {}
+    for row in found["rewards"]:
+        rewards_by_session.setdefault(row.session_id, []).append(row)
+    completions_by_session: dict[str, list[Completion]] = {}
+    for completion in found["completions"]:
+        completions_by_session.setdefault(completion.session_id, []).append(completion)
+
+    assert len(found["completions"]) == len(train) * group_size + len(held_out)
+    for problem, result in zip(train, results, strict=True):
+        members = [s for s in sessions.values() if s.group_id == result.group_id]
+        assert sorted(s.id for s in members) == sorted(a.session_id for a in result.attempts)
+        for session in members:
+            assert session.status in ("ended", "finalized") and session.ended_at is not None
+            assert session.task == problem.task()
+            (row,) = rewards_by_session[session.id]
+            assert row.value == pytest.approx(expected_reward(problem, modes))
+            assert row.source == "gsm8k" and row.completion_id is None
+            assert row.details["gold"] == problem.answer
+            (completion,) = completions_by_session[session.id]
+            assert completion.temperature == pytest.approx(0.9)
+
+    eval_sessions = [s for s in sessions.values() if s.metadata_ == {"purpose": "eval"}]
+    assert sorted(s.id for s in eval_sessions) == sorted(accuracy.session_ids)
+    for session in eval_sessions:
+        assert session.group_id is None and session.ended_at is not None
+        assert session.id not in rewards_by_session
+        (completion,) = completions_by_session[session.id]
+        assert completion.temperature == 0.0  # greedy
+
+    # The finalizer (missing_reward=drop) trains on the rewarded attempts only.
+    wait_until(lambda: all(s.status == "finalized" for s in rows(proxy)["sessions"]
+                           if s.id in sessions and s.id != proxy.session_id))
+    trajectories = rows(proxy)["trajectories"]
+    assert sorted(t.session_id for t in trajectories) == sorted(
+        a.session_id for r in results for a in r.attempts
+    )
+    by_session = {a.session_id: a.reward for r in results for a in r.attempts}
+    assert all(t.reward == pytest.approx(by_session[t.session_id]) for t in trajectories)
+
+
+class VersionServer:
+    """Answers {"policy_version": v} on loopback; `v` is set by the test."""
+
+    def __init__(self) -> None:
+        self.version = 3
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps({"policy_version": owner.version}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/version"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_loop_waits_for_the_policy_version_between_rounds(proxy: Proxy, problems: list[Problem]) -> None:
+    versions = VersionServer()
+    try:
+        waiter = PolicyVersionWaiter(versions.url, timeout_s=20, interval_s=0.05)
+        asked: list[int] = []
+        rounds_seen: list[int] = []
+
+        def wait_for_version(advances: int) -> None:
+            asked.append(advances)
+            assert len(rounds_seen) == advances  # called after round `advances`, before the next
+            versions.version = waiter.start + advances  # the "trainer" finishes its step
+            waiter(advances)
+
+        loop = LoopSettings(steps=3, group_size=2, problems_per_step=2, concurrency=3)
+        report = run_agent_loop(
+            proxy.base_url, proxy.admin_key, problems[:4], problems[4:], loop,
+            wait_for_version=wait_for_version, on_round=lambda r: rounds_seen.append(r.round),
+        )
+        assert asked == [1, 2, 3] and rounds_seen == [1, 2, 3]
+        assert [len(r.group_ids) for r in report.rounds] == [2, 2, 2]
+        counts = report.counts()
+        assert counts == {"rounds": 3, "groups": 6, "train_sessions": 12, "rewarded_sessions": 12,
+                          "failed_attempts": 0, "eval_sessions": 4}
+
+        waiter_that_times_out = PolicyVersionWaiter(versions.url, timeout_s=0.2, interval_s=0.05)
+        with pytest.raises(TimeoutError, match="policy version stayed at"):
+            waiter_that_times_out(1)
+    finally:
+        versions.close()
+    assert len(proxy.completions()) == 12 + 2 * 2  # 3 rounds × 2 × 2, eval before and after
+
+
+def test_cli_runs_rounds_and_writes_its_report(
+    proxy: Proxy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    code = cli.main([
+        "--base-url", proxy.v1, "--api-key", proxy.admin_key, "--steps", "2", "--group-size", "3",
+        "--problems-per-step", "2", "--eval-problems", "3", "--source", "generated",
+        "--max-tokens", "32", "--concurrency", "4", "--out", str(out), "--progress",
+    ])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    report = json.loads((out / "agent_report.json").read_text())
+    assert report["counts"] == {"rounds": 2, "groups": 4, "train_sessions": 12, "rewarded_sessions": 12,
+                                "failed_attempts": 0, "eval_sessions": 6}
+    assert len(report["mean_reward_per_round"]) == 2
+    assert report["eval_before"]["total"] == report["eval_after"]["total"] == 3
+    assert report["settings"]["source"] == "generated" and "api_key" not in json.dumps(report)
+    assert proxy.admin_key not in json.dumps(report)
+    assert "held-out accuracy:" in printed.out and "mean reward per round:" in printed.out
+    assert "18/18" in printed.err and "reward=" in printed.err  # the bar: every call, the live reward
+    assert len(proxy.completions()) == 12 + 6
+
+
+def test_cli_says_what_is_wrong_with_a_bad_key_or_url(
+    proxy: Proxy, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    common = ["--steps", "1", "--group-size", "2", "--problems-per-step", "1", "--eval-problems", "0",
+              "--source", "generated", "--out", str(tmp_path)]
+    assert cli.main(["--base-url", proxy.base_url, "--api-key", "sk-wrong", *common]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and "Incorrect API key provided" in err and "check the API key" in err
+
+    assert cli.main(["--base-url", proxy.base_url, "--api-key", proxy.session_key, *common]) == 1
+    assert "HTTP 403" in capsys.readouterr().err  # a session key cannot create groups
+
+    assert cli.main(["--base-url", dead_worker_url(), "--api-key", proxy.admin_key, *common]) == 1
+    assert "cannot reach the Flywheel proxy" in capsys.readouterr().err
+    assert not (tmp_path / "agent_report.json").exists()
+
+
+def test_the_agent_imports_nothing_of_flywheels_services() -> None:
+    forbidden = ("proxy", "storage", "trainer", "serving", "rewards", "flywheel")
+    code = (
+        "import sys, integrations.gsm8k.cli, integrations.gsm8k.__main__\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r})\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
