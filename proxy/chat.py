@@ -100,7 +100,12 @@ async def _open_call_session(services: ProxyServices, session_id: str) -> Callab
     key_hash = hash_api_key(generate_api_key(SESSION_KEY_PREFIX))
     await create_session(
         services.session_factory,
-        SessionRecord(id=session_id, key_hash=key_hash, metadata={"origin": ADMIN_CALL_ORIGIN}),
+        SessionRecord(
+            id=session_id,
+            key_hash=key_hash,
+            # Nobody rewards a one-off admin call: never train on it (the finalizer honours this).
+            metadata={"origin": ADMIN_CALL_ORIGIN, "missing_reward": "drop"},
+        ),
     )
 
     async def end_call_session() -> None:

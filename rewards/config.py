@@ -20,7 +20,8 @@ class FinalizerConfig(BaseModel):
     1.0 gives every turn the whole session's reward; 0.0 keeps each turn's own reward."""
     missing_reward: Literal["zero", "drop"] = "zero"
     """A session finalized with no reward at all: "zero" trains on it with reward 0 (AReaL's behaviour),
-    "drop" writes no trajectories for it. Either way a warning is logged."""
+    "drop" writes no trajectories for it. Either way a warning is logged. A session's own metadata key
+    "missing_reward" overrides this (the proxy's one-off admin-call sessions say "drop")."""
     reward_grace_s: float = Field(60.0, ge=0.0)
     """How long an ended session without any reward waits for one before the sweep finalizes it under
     `missing_reward` (a driver may end a session first and post its reward afterwards)."""

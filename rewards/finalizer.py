@@ -181,12 +181,12 @@ class SessionFinalizer:
         if ignored:
             logger.warning("session %s: rewards on untrainable completions ignored: %s", snapshot.id, ignored)
         if rewards.empty:
-            logger.warning(
-                "session %s: finalized without any reward (missing_reward=%s)",
-                snapshot.id,
-                self.config.missing_reward,
-            )
-            if self.config.missing_reward == "drop":
+            # A session may choose for itself (metadata "missing_reward"): the proxy's per-call admin
+            # sessions say "drop", since nobody will reward them.
+            policy = snapshot.metadata.get("missing_reward", self.config.missing_reward)
+            logger.warning("session %s: finalized without any reward (missing_reward=%s)",
+                           snapshot.id, policy)
+            if policy == "drop":
                 return []
         try:
             trajectories = build_session_trajectories(

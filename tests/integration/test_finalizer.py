@@ -175,6 +175,19 @@ async def test_missing_reward_policy(
     assert "without any reward" in caplog.text
 
 
+async def test_a_session_may_ask_to_be_dropped_when_unrewarded(session_factory: SessionFactory) -> None:
+    sid = "sess-says-drop"
+    record = SessionRecord(id=sid, key_hash=hash_api_key(sid), metadata={"missing_reward": "drop"})
+    await create_session(session_factory, record)
+    await _three_turns(session_factory, sid)
+    await end_session(session_factory, sid)
+    finalizer = SessionFinalizer(session_factory, FinalizerConfig(missing_reward="zero"))
+
+    assert await finalizer.finalize(sid) == 0
+    assert await _trajectories(session_factory, sid) == []
+    assert await _status(session_factory, sid) == "finalized"
+
+
 async def _age(session_factory: SessionFactory, sid: str, **columns: datetime) -> None:
     async with write_transaction(session_factory) as db:
         await db.execute(update(Session).where(Session.id == sid).values(**columns))

@@ -335,7 +335,8 @@ def test_admin_call_gets_its_own_ended_session(proxy: Proxy) -> None:
     response = raw.parse()
     assert_recorded(proxy, response.id, response.choices[0].message.content or "", session_id=session_id)
     session = next(s for s in proxy.sessions() if s.id == session_id)
-    assert session.status == "ended" and session.metadata_ == {"origin": "admin-call"}
+    assert session.status == "ended"
+    assert session.metadata_ == {"origin": "admin-call", "missing_reward": "drop"}
 
 
 def test_root_chat_route_models_and_metrics(proxy: Proxy) -> None:
