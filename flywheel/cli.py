@@ -134,13 +134,9 @@ def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
 
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
-    import asyncio
-
     from flywheel.demo import run_demo
 
-    answer = asyncio.run(run_demo(config, args.config, args.overrides))
-    print(answer)
-    return 0
+    return run_demo(args.config, args.overrides)
 
 
 def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:

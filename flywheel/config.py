@@ -41,6 +41,38 @@ class RunConfig(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+class DemoConfig(BaseModel):
+    """`flywheel demo`: the math agent's run shape (the agent is a separate process; see
+    integrations/gsm8k)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(20, ge=1)
+    """Rounds of rollouts; the trainer takes one step per round (its total_steps)."""
+    group_size: int = Field(4, ge=1)
+    """G: attempts per problem, one GRPO group."""
+    problems_per_step: int = Field(4, ge=1)
+    """P: problems per round; the trainer's batch is G x P trajectories."""
+    eval_problems: int = Field(40, ge=0)
+    """Held-out problems answered greedily before and after training (never trained on)."""
+    source: Literal["auto", "gsm8k", "jsonl", "generated"] = "auto"
+    """auto: GSM8K through `datasets` when the Hub is reachable, else generated GSM8K-style problems."""
+    jsonl: Path | None = None
+    """A GSM8K-format JSONL file, with source = jsonl."""
+    difficulty: int = Field(1, ge=1)
+    """Generated problems: 1 is mostly one step with small numbers."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of training attempts."""
+    max_tokens: int = Field(160, ge=1)
+    """Longest answer per attempt."""
+    concurrency: int = Field(16, ge=1)
+    """Most chat calls in flight at once."""
+    version_lag: int = Field(1, ge=0)
+    """Rounds the agent may run ahead of the trainer (≤ trainer.max_head_offpolicyness keeps every
+    sample trainable)."""
+    seed: int = 0
+
+
 class FlywheelConfig(BaseSettings):
     """Everything one Flywheel deployment needs; build it with `load_config`."""
 
@@ -53,6 +85,7 @@ class FlywheelConfig(BaseSettings):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    demo: DemoConfig = Field(default_factory=DemoConfig)
 
     @model_validator(mode="after")
     def _database_in_run_dir(self) -> FlywheelConfig:

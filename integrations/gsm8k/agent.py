@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 HttpClient = openai.DefaultHttpxClient
 """The connection pool agents may share: the HTTP client class the `openai` client is built on."""
 REWARD_SOURCE = "gsm8k"
-EVAL_METADATA: dict[str, Any] = {"purpose": "eval"}
+# "missing_reward": "drop" asks Flywheel's finalizer never to train on these unrewarded sessions.
+EVAL_METADATA: dict[str, Any] = {"purpose": "eval", "missing_reward": "drop"}
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step, then give the final answer on its "
     "own last line as '#### <number>', with no units.\n\n"

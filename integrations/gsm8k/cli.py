@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="reward added when the answer is written as '#### N'")
     add("--system-prompt", default=SYSTEM_PROMPT)
     add("--concurrency", type=int, default=8, help="most chat calls in flight at once")
-    add("--version-url", help="URL answering {\"policy_version\": int}: wait for the trainer between rounds")
+    add("--version-url", help="URL answering {\"policy_version\": int} (Flywheel: <root>/rl/v1/policy; "
+                              "sent with --api-key): wait for the trainer between rounds")
     add("--version-lag", type=int, default=0, help="rounds the agent may run ahead of the trainer")
     add("--version-timeout", type=float, default=1800.0, help="seconds to wait for one version advance")
     add("--out", default="gsm8k_report", help="directory for agent_report.json")
@@ -147,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               format_bonus=args.format_bonus)
         waiter = None
         if args.version_url:
-            waiter = PolicyVersionWaiter(args.version_url, timeout_s=args.version_timeout)
+            waiter = PolicyVersionWaiter(args.version_url, api_key=args.api_key,
+                                         timeout_s=args.version_timeout)
         total = 2 * len(held_out) + loop.steps * loop.problems_per_step * loop.group_size
         bar = ProgressBar(total, args.progress)
         try:

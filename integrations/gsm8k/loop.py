@@ -196,15 +196,18 @@ class PolicyVersionWaiter:
     """A `wait_for_version` hook: polls a URL answering `{"policy_version": int}` until the version has
     advanced by the asked number since this waiter was made."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1800.0, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, url: str, *, api_key: str | None = None, timeout_s: float = 1800.0, interval_s: float = 1.0
+    ) -> None:
         self.url = url
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.start = self.read()
 
     def read(self) -> int:
         try:
-            response = httpx.get(self.url, timeout=30.0)
+            response = httpx.get(self.url, headers=self.headers, timeout=30.0)
         except httpx.TransportError as error:
             raise FlywheelAPIError(f"cannot reach the policy version URL {self.url} ({error})") from error
         if response.status_code >= 400:

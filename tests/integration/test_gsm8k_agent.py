@@ -21,7 +21,7 @@ from sqlalchemy import select
 from transformers import AutoTokenizer
 
 from integrations.gsm8k import cli
-from integrations.gsm8k.agent import evaluate, rollout_group
+from integrations.gsm8k.agent import EVAL_METADATA, evaluate, rollout_group
 from integrations.gsm8k.loop import LoopSettings, PolicyVersionWaiter, run_agent_loop
 from integrations.gsm8k.problems import Problem, generate_problems
 from integrations.gsm8k.scoring import reward
@@ -172,7 +172,8 @@ def test_rollout_groups_and_evaluation_leave_the_right_rows(
             (completion,) = completions_by_session[session.id]
             assert completion.temperature == pytest.approx(0.9)
 
-    eval_sessions = [s for s in sessions.values() if s.metadata_ == {"purpose": "eval"}]
+    eval_sessions = [s for s in sessions.values() if s.metadata_ == EVAL_METADATA]
+    assert EVAL_METADATA == {"purpose": "eval", "missing_reward": "drop"}
     assert sorted(s.id for s in eval_sessions) == sorted(accuracy.session_ids)
     for session in eval_sessions:
         assert session.group_id is None and session.ended_at is not None
