@@ -1,32 +1,38 @@
-"""The main job (`flywheel demo`) runs end to end as a user runs it: CLI, engine child process, client."""
+"""The main job (`flywheel demo`) end to end as a user runs it, shrunk to the tiny model: the CLI starts
+engine, proxy and trainer, the agent process plays rounds against them, and the report is written."""
 
+import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from tests.e2e.stack_helpers import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_demo_job_answers_with_tiny_model(tmp_path):
-    env = dict(os.environ, FLYWHEEL_CACHE_DIR=str(tmp_path / "cache"))
+def test_demo_runs_rounds_trains_and_reports(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "flywheel.cli", "demo",
-        "serving.model=tiny", f"serving.port={free_port()}", f"run.dir={tmp_path / 'run'}",
-        "serving.cpu.num_threads=1",
+        f"serving.model={tiny_model_dir}", f"serving.port={free_port()}", f"proxy.port={free_port()}",
+        f"run.dir={run_dir}", "demo.source=generated", "demo.steps=3", "demo.group_size=2",
+        "demo.problems_per_step=2", "demo.eval_problems=4", "demo.max_tokens=16",
+        "trainer.lr=1e-3", "proxy.finalizer.sweep_interval_s=0.5", "trainer.poll_interval_s=0.2",
     ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = {line.split(":", 1)[0]: line for line in result.stdout.splitlines() if ":" in line}
-    assert lines["question"].startswith("question: Natalia")
-    assert "answer:" in lines
-    assert "weight_version default" in result.stdout
-    assert (tmp_path / "run" / "logs" / "engine-0.log").exists()
+    env = dict(os.environ, FLYWHEEL_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "held-out accuracy:" in result.stdout
+    assert "3 steps, policy version 3" in result.stdout
+
+    report = run_dir / "report"
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert [step["policy_version"] for step in metrics] == [1, 2, 3]
+    assert all(step["batch/trajectories"] == 4 for step in metrics)  # G x P, eval sessions never trained
+    agent = json.loads((report / "agent_report.json").read_text())
+    assert len(agent["mean_reward_per_round"]) == 3
+    assert agent["eval_before"]["total"] == agent["eval_after"]["total"] == 4
+    assert (report / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
