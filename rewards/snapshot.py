@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from rewards.finalize import RewardEntry
 from storage.engine import SessionFactory
 from storage.models import Completion, Reward, Session
+from storage.queries import completion_record
 from storage.records import CompletionRecord
 
 
@@ -84,7 +85,7 @@ async def _completions(db: AsyncSession, session_id: str) -> list[CompletionReco
             .order_by(Completion.created_at, Completion.id)
         )
     ).scalars()
-    return [_completion_record(c) for c in rows]
+    return [completion_record(c) for c in rows]
 
 
 async def _rewards(db: AsyncSession, session_id: str) -> Sequence[StoredReward]:
@@ -107,22 +108,3 @@ async def _rewards(db: AsyncSession, session_id: str) -> Sequence[StoredReward]:
         )
         for r in rows
     ]
-
-
-def _completion_record(c: Completion) -> CompletionRecord:
-    return CompletionRecord(
-        id=c.id,
-        session_id=c.session_id,
-        parent_id=c.parent_id,
-        prompt_ids=c.prompt_ids,
-        output_ids=c.output_ids,
-        output_logprobs=c.output_logprobs,
-        output_versions=c.output_versions,
-        finish_reason=c.finish_reason,
-        temperature=c.temperature,
-        top_p=c.top_p,
-        top_k=c.top_k,
-        branched=c.branched,
-        request_json=c.request_json,
-        response_json=c.response_json,
-    )

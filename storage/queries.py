@@ -38,6 +38,7 @@ __all__ = [
     "ClaimLostError",
     "add_reward",
     "claim_batch",
+    "completion_record",
     "create_admin_key",
     "create_group",
     "create_session",
@@ -276,10 +277,11 @@ async def load_completion_chain(
     query = select(Completion).join(chain, Completion.id == chain.c.id).order_by(chain.c.depth.desc())
     async with session_factory() as db:
         completions = (await db.execute(query)).scalars().all()
-    return [_completion_record(c) for c in completions]
+    return [completion_record(c) for c in completions]
 
 
-def _completion_record(c: Completion) -> CompletionRecord:
+def completion_record(c: Completion) -> CompletionRecord:
+    """The narrow record of a stored completion row."""
     return CompletionRecord(
         id=c.id,
         session_id=c.session_id,
