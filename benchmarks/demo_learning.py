@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from statistics import fmean, median
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from serving.threaded_server import free_port
 
 
 def run_once(index: int, args: argparse.Namespace, overrides: list[str]) -> dict:

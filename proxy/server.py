@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import uvicorn
@@ -19,6 +15,7 @@ from fastapi import FastAPI
 from proxy.app import create_proxy_app
 from proxy.config import ProxyConfig
 from serving.config import ServingConfig
+from serving.threaded_server import free_port, serve_config_in_thread
 from storage.config import StorageConfig
 
 logger = logging.getLogger(__name__)
@@ -46,31 +43,13 @@ def run_proxy(
     uvicorn.Server(_uvicorn_config(app, proxy_config.host, proxy_config.port, "info")).run()
 
 
-@contextmanager
 def serve_proxy_in_thread(
     proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig,
     startup_timeout_s: float = 120.0,
-) -> Iterator[str]:
+) -> AbstractContextManager[str]:
     """Run the proxy under uvicorn in a daemon thread on `proxy_config.host` (port 0 picks a free
     one); yield its base URL (without /v1); shut it down, letting streams finish recording, on exit."""
-    host, port = proxy_config.host, proxy_config.port
-    if port == 0:
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        proxy_config = proxy_config.model_copy(update={"port": port})
+    host, port = proxy_config.host, proxy_config.port or free_port(proxy_config.host)
+    proxy_config = proxy_config.model_copy(update={"port": port})
     app = create_proxy_app(proxy_config, storage_config, serving_config)
-    server = uvicorn.Server(_uvicorn_config(app, host, port, "warning"))
-    thread = threading.Thread(target=server.run, name=f"proxy-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"the proxy did not start on {host}:{port}")
-        time.sleep(0.01)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(60)
+    return serve_config_in_thread(_uvicorn_config(app, host, port, "warning"), startup_timeout_s)

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import logging
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from fastapi import FastAPI
 
 from serving.config import ServingConfig
 from serving.engine.app import create_engine_app
+from serving.threaded_server import free_port, serve_config_in_thread
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +32,10 @@ def run_engine(config: ServingConfig, host: str, port: int, worker_index: int = 
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
-@contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                    startup_timeout_s: float = 60.0) -> Iterator[str]:
+                    startup_timeout_s: float = 60.0) -> AbstractContextManager[str]:
     """Run `app` under uvicorn in a daemon thread; yield its base URL; shut it down on exit."""
     import uvicorn
 
-    if port == 0:
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not start on {host}:{port}")
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    config = uvicorn.Config(app, host=host, port=port or free_port(host), log_level="warning")
+    return serve_config_in_thread(config, startup_timeout_s, shutdown_timeout_s=30)

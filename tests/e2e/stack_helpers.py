@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -15,14 +14,9 @@ import httpx
 
 from flywheel.config import load_config
 from flywheel.stack import Stack, start_stack
+from serving.threaded_server import free_port
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.e2e.stack_helpers import free_port
+from serving.threaded_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
