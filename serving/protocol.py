@@ -48,6 +48,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_un
     logit_bias: dict[str, float] | None = None
     sampling_seed: int | None = None
     custom_params: dict[str, Any] | None = None
+    beam_width: int | None = None
+    watermark: dict[str, Any] | None = None
+    choice: list[str] | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from serving.protocol import SamplingParams
+
 # SGLang 0.5.23's SamplingParams fields, in schema order: its unknown-field message lists them so.
 SAMPLING_FIELDS: tuple[str, ...] = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
@@ -42,37 +44,9 @@ class BadRequest(Exception):
     """A well-typed request SGLang would still refuse (bad value, too long, unsupported here)."""
 
 
-class SamplingParamsWire(msgspec.Struct, forbid_unknown_fields=True):
-    """`sampling_params` exactly as SGLang 0.5.23 admits it (unknown keys are a 400)."""
-
-    max_new_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    stop_regex: str | list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_new_tokens: int | None = None
-    n: int | None = None
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    structural_tag: str | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    stream_interval: int | None = None
-    logit_bias: dict[str, float] | None = None
-    sampling_seed: int | None = None
-    custom_params: Any = None
-    beam_width: int | None = None
-    watermark: dict[str, Any] | None = None
-    choice: list[str] | None = None
+# The client's record is the wire schema: one definition of SGLang 0.5.23's sampling_params
+# (unknown keys are a 400). Keys we cannot honour are refused by `validate_sampling` with a reason.
+SamplingParamsWire = SamplingParams
 
 
 class GenerateWire(msgspec.Struct):
