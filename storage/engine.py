@@ -68,6 +68,7 @@ def _create_sqlite_engine(url: URL, config: StorageConfig) -> AsyncEngine:
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(url, echo=config.echo, pool_size=config.pool_size)
     busy_timeout_ms = config.sqlite_busy_timeout_ms
+    synchronous = config.sqlite_synchronous
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control from the sqlite3 driver (it skips BEGIN before SELECT and DDL);
@@ -76,6 +77,7 @@ def _create_sqlite_engine(url: URL, config: StorageConfig) -> AsyncEngine:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA synchronous = {synchronous}")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 

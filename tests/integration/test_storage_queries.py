@@ -74,6 +74,7 @@ async def test_sqlite_connections_use_wal_and_enforce_foreign_keys(engine: Async
         assert (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
         assert (await connection.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
         assert (await connection.exec_driver_sql("PRAGMA busy_timeout")).scalar() == 30000
+        assert (await connection.exec_driver_sql("PRAGMA synchronous")).scalar() == 1  # NORMAL
 
 
 async def test_session_keys_and_admin_keys(session_factory: SessionFactory) -> None:
