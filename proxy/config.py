@@ -3,8 +3,9 @@ answers and records."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from proxy.parsers import reasoning_parser, tool_call_parser
 from rewards.config import FinalizerConfig
 
 
@@ -39,10 +40,30 @@ class ProxyConfig(BaseModel):
     keys rebound through this proxy's RL API stop working at once regardless; a change made by
     another process (a second proxy, the CLI) or the finalizer's idle-session expiry takes up to this
     long. 0 asks the database on every call."""
+    tool_call_parser: str = "hermes"
+    """How tool calls are read from generated text when a request offers tools (SGLang's
+    `--tool-call-parser`): `hermes` (Qwen/Hermes `<tool_call>{json}</tool_call>`) or `none` (all text
+    is content). Only the response changes; the recorded tokens are the generated ones."""
+    reasoning_parser: str | None = None
+    """How reasoning is split from the answer into `reasoning_content` (SGLang's `--reasoning-parser`):
+    `qwen3` (`<think>…</think>` when the output or the prompt's end opens it) or `deepseek-r1` (the
+    output always starts inside reasoning, up to `</think>`). None leaves the text whole."""
     log_requests: bool = False
     """Log one line per request (method, path, status, latency, request id)."""
     finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)
     """The session finalizer the proxy runs: turn discount, missing rewards, session TTL, sweeps."""
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, name: str) -> str:
+        tool_call_parser(name)
+        return name
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        reasoning_parser(name)
+        return name
 
     def base_url(self) -> str:
         """The OpenAI base URL agents should use."""

@@ -1,0 +1,128 @@
+"""Hermes/Qwen tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per
+call (several blocks are parallel calls). A block whose JSON is not a call stays content, as does an
+unterminated block; whitespace between content and call blocks is dropped."""
+
+from __future__ import annotations
+
+import json
+
+from proxy.parsers.base import ContentDelta, ParsedToolCall, ToolCallDelta, TrimmedText, held_prefix_length
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+
+
+def read_call(inner: str) -> ParsedToolCall | None:
+    """The call in one block's text, or None if it is not `{"name": str, "arguments": object}`."""
+    try:
+        payload = json.loads(inner)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:
+        return None
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments already encoded
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ParsedToolCall(payload["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class HermesParser:
+    """`proxy.tool_call_parser: hermes`."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        calls: list[ParsedToolCall] = []
+        pieces: list[str] = []
+        piece_start = 0
+        search = 0
+        while (start := text.find(OPEN, search)) >= 0:
+            end = text.find(CLOSE, start + len(OPEN))
+            if end < 0:
+                break  # unterminated: content
+            search = end + len(CLOSE)
+            call = read_call(text[start + len(OPEN):end])
+            if call is None:
+                continue  # malformed: the block stays in the current piece of content
+            piece = text[piece_start:start].rstrip()
+            pieces.append(piece.lstrip() if calls else piece)
+            calls.append(call)
+            piece_start = search
+        if not calls:
+            return text, []
+        pieces.append(text[piece_start:].lstrip())
+        return "".join(pieces) or None, calls
+
+    def stream(self) -> HermesStream:
+        return HermesStream()
+
+
+class HermesStream:
+    """Incremental `HermesParser.parse`: never sends text that may still turn out to be call markup."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._in_block = False
+        self._calls = 0
+        self._content = TrimmedText(strip_start=False)
+
+    def feed(self, text: str) -> list[ContentDelta | ToolCallDelta]:
+        self._buffer += text
+        events: list[ContentDelta | ToolCallDelta] = []
+        while True:
+            if not self._in_block:
+                start = self._buffer.find(OPEN)
+                if start < 0:
+                    held = held_prefix_length(self._buffer, OPEN)
+                    self._add_content(self._buffer[:len(self._buffer) - held], events)
+                    self._buffer = self._buffer[len(self._buffer) - held:]
+                    return events
+                self._add_content(self._buffer[:start], events)
+                self._buffer = self._buffer[start + len(OPEN):]
+                self._in_block = True
+            end = self._buffer.find(CLOSE)
+            if end < 0:
+                return events
+            inner = self._buffer[:end]
+            self._buffer = self._buffer[end + len(CLOSE):]
+            self._in_block = False
+            call = read_call(inner)
+            if call is None:
+                self._add_content(OPEN + inner + CLOSE, events)
+                continue
+            self._content.cut(strip_next_start=True)
+            events.append(ToolCallDelta(self._calls, call))
+            self._calls += 1
+
+    def finish(self) -> list[ContentDelta | ToolCallDelta]:
+        events: list[ContentDelta | ToolCallDelta] = []
+        self._add_content((OPEN if self._in_block else "") + self._buffer, events)
+        self._buffer, self._in_block = "", False
+        if tail := self._content.flush():
+            events.append(ContentDelta(tail))
+        return events
+
+    def _add_content(self, text: str, events: list[ContentDelta | ToolCallDelta]) -> None:
+        if sent := self._content.add(text):
+            events.append(ContentDelta(sent))
+
+
+class NoToolParser:
+    """`proxy.tool_call_parser: none`: all text is content."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        return text, []
+
+    def stream(self) -> PassThroughStream:
+        return PassThroughStream()
+
+
+class PassThroughStream:
+    def feed(self, text: str) -> list[ContentDelta | ToolCallDelta]:
+        return [ContentDelta(text)] if text else []
+
+    def finish(self) -> list[ContentDelta | ToolCallDelta]:
+        return []
