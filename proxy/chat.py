@@ -19,12 +19,15 @@ from fastapi import Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
+from proxy.config import ProxyConfig
 from proxy.errors import OpenAIError
 from proxy.generation import GenerationPlan, generate, open_stream, plan_generation
+from proxy.parsers import OutputParser, reasoning_parser, tool_call_parser
 from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices, get_services
 from proxy.streaming import ChatStream
+from proxy.tokenize import ChatTokenizer
 from storage.queries import create_session, end_session, hash_api_key
 from storage.records import SessionRecord
 
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 SESSION_HEADER = "x-flywheel-session-id"
 ADMIN_CALL_ORIGIN = "admin-call"
 
+_PROMPT_TAIL_TOKENS = 8  # enough to see whether the prompt ends by opening a <think> block
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -49,7 +53,7 @@ async def create_chat_completion(
     session_id = principal.session_id or uuid.uuid4().hex
     plan = plan_generation(
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
-        services.served_model_name,
+        services.served_model_name, output_parser(body, services.config, services.tokenizer, prompt_ids),
     )
     end_call_session = None if principal.session_id else await _open_call_session(services, session_id)
     headers = {SESSION_HEADER: session_id}
@@ -92,6 +96,26 @@ async def _complete(
     metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
     metrics.tokens.labels("completion").inc(response_json["usage"]["completion_tokens"])
     return response_json
+
+
+def output_parser(
+    body: ChatCompletionRequest, config: ProxyConfig, tokenizer: ChatTokenizer, prompt_ids: list[int]
+) -> OutputParser:
+    """How this request's generated text becomes its message: the configured parsers, tool calls only
+    when tools are offered, and at most one call with `parallel_tool_calls: false`."""
+    if body.offers_tools and body.tool_choice not in (None, "auto"):
+        # Decoding is not constrained (the CPU engine cannot); the output is parsed as with "auto".
+        logger.debug("tool_choice %r is parsed as 'auto'", body.tool_choice)
+    reasoning = reasoning_parser(config.reasoning_parser)
+    in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(
+        tokenizer.decode(prompt_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    )
+    return OutputParser(
+        tools=tool_call_parser(config.tool_call_parser) if body.offers_tools else None,
+        reasoning=reasoning,
+        in_reasoning=in_reasoning,
+        max_tool_calls=1 if body.parallel_tool_calls is False else None,
+    )
 
 
 async def _open_call_session(services: ProxyServices, session_id: str) -> Callable[[], Awaitable[None]]:

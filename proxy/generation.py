@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from proxy.balancer import Balancer, Worker
 from proxy.errors import OpenAIError
+from proxy.parsers import OutputParser
 from proxy.schemas import ChatCompletionRequest
 from proxy.tokenize import ChatTokenizer
 from serving.client import GenerateRequest, SamplingParams
@@ -28,6 +29,7 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 DEFAULT_TOP_P = 1.0
 NO_TOP_K = -1
 _MIN_TOP_P = 1e-6  # SGLang requires top_p > 0; top_p = 0 means "only the top token"
+PLAIN_TEXT = OutputParser(tools=None)  # the whole text is the message content
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -45,6 +47,8 @@ class GenerationPlan:
     temperature: float
     top_p: float
     top_k: int
+    output: OutputParser = PLAIN_TEXT
+    """How each choice's text becomes the response's message (tool calls, reasoning)."""
 
     @property
     def n(self) -> int:
@@ -73,7 +77,7 @@ def new_completion_ids(n: int) -> tuple[str, ...]:
 
 def plan_generation(
     body: ChatCompletionRequest, prompt_ids: list[int], tokenizer: ChatTokenizer, default_max_tokens: int,
-    session_id: str, served_model: str,
+    session_id: str, served_model: str, output: OutputParser | None = None,
 ) -> GenerationPlan:
     """The worker request for `body` with its rendered prompt; 400 if the prompt leaves no room."""
     room = tokenizer.context_length - len(prompt_ids)
@@ -123,6 +127,7 @@ def plan_generation(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        output=output or PLAIN_TEXT,
     )
 
 

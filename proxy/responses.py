@@ -3,10 +3,12 @@ proxy writes for them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.generation import ChoiceResult, GenerationPlan
+from proxy.parsers import ParsedOutput, ParsedToolCall
 from proxy.schemas import ChatCompletionRequest
 from proxy.tokenize import ChatTokenizer
 from storage.records import CompletionRecord
@@ -44,14 +46,42 @@ def usage(prompt_tokens: int, results: Sequence[ChoiceResult]) -> dict[str, int]
     }
 
 
+def tool_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def finish_reason(worker_reason: str, has_tool_calls: bool) -> str:
+    """OpenAI's finish_reason: a generation that stopped after calling tools says `tool_calls`."""
+    return "tool_calls" if has_tool_calls and worker_reason == "stop" else worker_reason
+
+
+def tool_call_json(call_id: str, call: ParsedToolCall) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def chat_message(parsed: ParsedOutput, call_ids: Sequence[str]) -> dict[str, Any]:
+    """The assistant message of a parsed choice; `call_ids` are used first (ids a stream already sent),
+    new ones after them. Content is null when the model only called tools."""
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        calls = parsed.tool_calls
+        ids = [*call_ids[:len(calls)], *(tool_call_id() for _ in calls[len(call_ids):])]
+        message["tool_calls"] = [tool_call_json(i, call) for i, call in zip(ids, calls, strict=True)]
+    return message
+
+
 def chat_choice(
-    plan: GenerationPlan, result: ChoiceResult, body: ChatCompletionRequest, tokenizer: ChatTokenizer
+    plan: GenerationPlan, result: ChoiceResult, body: ChatCompletionRequest, tokenizer: ChatTokenizer,
+    call_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
+    parsed = plan.output.parse(result.text)
     choice: dict[str, Any] = {
         "index": result.index,
-        "message": {"role": "assistant", "content": result.text, "refusal": None},
+        "message": chat_message(parsed, call_ids),
         "logprobs": None,
-        "finish_reason": result.finish_reason,
+        "finish_reason": finish_reason(result.finish_reason, bool(parsed.tool_calls)),
     }
     if body.wants_logprobs:
         content = logprob_entries(
@@ -67,15 +97,18 @@ def chat_choice(
 
 def chat_completion(
     plan: GenerationPlan, results: Sequence[ChoiceResult], body: ChatCompletionRequest,
-    tokenizer: ChatTokenizer,
+    tokenizer: ChatTokenizer, call_ids: Mapping[int, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """The `chat.completion` object of a non-streaming answer."""
+    """The `chat.completion` object of a non-streaming answer (and the record of a streamed one, whose
+    `call_ids` per choice index are the tool-call ids the stream sent)."""
+    call_ids = call_ids or {}
     response: dict[str, Any] = {
         "id": plan.response_id,
         "object": "chat.completion",
         "created": plan.created,
         "model": plan.model,
-        "choices": [chat_choice(plan, result, body, tokenizer) for result in results],
+        "choices": [chat_choice(plan, result, body, tokenizer, call_ids.get(result.index, ()))
+                    for result in results],
         "usage": usage(len(plan.prompt_ids), results),
         "system_fingerprint": None,
     }

@@ -180,7 +180,13 @@ class ChatCompletionRequest(_Lenient):
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.to_template() for message in self.messages]
 
+    @property
+    def offers_tools(self) -> bool:
+        """Tools reach the template and tool calls are parsed, unless `tool_choice` is "none".
+        "required" and a named function are parsed as "auto": the CPU engine cannot constrain decoding."""
+        return bool(self.tools) and self.tool_choice != "none"
+
     def template_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools:
+        if not self.tools or not self.offers_tools:
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]

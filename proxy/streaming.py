@@ -22,7 +22,16 @@ import msgspec
 from proxy.balancer import Worker
 from proxy.errors import OpenAIError, error_body
 from proxy.generation import ChoiceResult, GenerationPlan, read_choice, worker_error
-from proxy.responses import chat_completion, chunk, completion_records, logprob_entries, usage
+from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
+from proxy.responses import (
+    chat_completion,
+    chunk,
+    completion_records,
+    finish_reason,
+    logprob_entries,
+    tool_call_id,
+    usage,
+)
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices
 from serving.errors import WorkerError
@@ -101,6 +110,10 @@ class ChatStream:
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._started = time.perf_counter()
         self._first_content = True
+        self._parsers = [plan.output.stream() for _ in range(plan.n)]
+        self._parsed = [False] * plan.n
+        self._logprobs_sent = [0] * plan.n
+        self._call_ids: list[list[str]] = [[] for _ in range(plan.n)]
         for choice in self.choices:
             self._emit([{"index": choice.index, "delta": {"role": "assistant", "content": ""},
                          "logprobs": None, "finish_reason": None}])
@@ -128,21 +141,46 @@ class ChatStream:
 
     def _take(self, worker_chunk: dict[str, Any]) -> None:
         choice = self.choices[int(worker_chunk.get("index", 0)) if self.plan.n > 1 else 0]
-        delta, start, end = choice.advance(worker_chunk)
-        if not delta and start == end:
-            return
+        delta, _start, end = choice.advance(worker_chunk)
+        parser = self._parsers[choice.index]
+        events = parser.feed(delta) if delta else []
+        if choice.finished and not self._parsed[choice.index]:
+            self._parsed[choice.index] = True
+            events += parser.finish()
+        deltas = [d for event in events for d in self._deltas(choice.index, event)]
+        reported = self._logprobs_sent[choice.index]
+        if not deltas:
+            if not (choice.finished and end > reported):
+                return  # the text of these tokens is held back: their logprobs go with it
+            deltas = [{"content": ""}]  # tokens with no text (an end-of-sequence token)
         logprobs = None
-        if self.body.wants_logprobs and end > start:
+        if self.body.wants_logprobs and end > reported:
             partial = read_choice(worker_chunk, choice.index, final=False)
-            top = partial.top_logprobs[start:end] if partial.top_logprobs else None
-            content = logprob_entries(self.services.tokenizer, partial.output_ids[start:end],
-                                      partial.logprobs[start:end], top, self.body.top_logprobs or 0)
+            top = partial.top_logprobs[reported:end] if partial.top_logprobs else None
+            content = logprob_entries(self.services.tokenizer, partial.output_ids[reported:end],
+                                      partial.logprobs[reported:end], top, self.body.top_logprobs or 0)
             logprobs = {"content": content, "refusal": None}
-        if delta and self._first_content:
+        self._logprobs_sent[choice.index] = max(end, reported)
+        if self._first_content:
             self._first_content = False
             self.services.metrics.time_to_first_token.observe(time.perf_counter() - self._started)
-        self._emit([{"index": choice.index, "delta": {"content": delta}, "logprobs": logprobs,
-                     "finish_reason": None}])
+        for position, delta_json in enumerate(deltas):
+            self._emit([{"index": choice.index, "delta": delta_json,
+                         "logprobs": logprobs if position == 0 else None, "finish_reason": None}])
+
+    def _deltas(self, index: int, event: StreamEvent) -> list[dict[str, Any]]:
+        """OpenAI's deltas for one parser event. A tool call is two: its id and name with empty
+        arguments, then the arguments (later deltas carry only the index and argument text)."""
+        if isinstance(event, ContentDelta):
+            return [{"content": event.text}]
+        if isinstance(event, ReasoningDelta):
+            return [{"reasoning_content": event.text}]
+        call_id = tool_call_id()
+        self._call_ids[index].append(call_id)
+        opening = {"index": event.index, "id": call_id, "type": "function",
+                   "function": {"name": event.call.name, "arguments": ""}}
+        arguments = {"index": event.index, "function": {"arguments": event.call.arguments}}
+        return [{"tool_calls": [opening]}, {"tool_calls": [arguments]}]
 
     async def _finish(self) -> None:
         await asyncio.wait([self._reader])
@@ -180,7 +218,8 @@ class ChatStream:
         return results
 
     async def _record(self, results: list[ChoiceResult]) -> bool:
-        response = chat_completion(self.plan, results, self.body, self.services.tokenizer)
+        response = chat_completion(self.plan, results, self.body, self.services.tokenizer,
+                                   dict(enumerate(self._call_ids)))
         records = completion_records(self.plan, results, self.request_json, response)
         try:
             await self.services.recorder.record(records)
@@ -198,8 +237,8 @@ class ChatStream:
 
     def _emit_end(self, results: list[ChoiceResult]) -> None:
         for result in results:
-            self._emit([{"index": result.index, "delta": {}, "logprobs": None,
-                         "finish_reason": result.finish_reason}])
+            reason = finish_reason(result.finish_reason, bool(self._call_ids[result.index]))
+            self._emit([{"index": result.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
         if self.body.include_usage:
             final = chunk(self.plan, [], include_usage=False)
             final["usage"] = usage(len(self.plan.prompt_ids), results)
