@@ -177,15 +177,21 @@ def test_streamed_tool_call_equals_the_non_streamed_one_and_records_exact_tokens
     assert row.response_json["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_stream_logprobs_cover_every_token_once(proxy: Proxy, script: Script) -> None:
-    stream = proxy.client().chat.completions.create(
-        model="m", messages=QUESTION, tools=TOOLS, stream=True, logprobs=True,  # type: ignore[arg-type]
-    )
-    tokens = [entry.token for chunk in stream for choice in chunk.choices
-              for entry in (choice.logprobs.content or [] if choice.logprobs else [])]
-    expected = script.output_ids(script.tokenizer.encode(script.prompts[-1], add_special_tokens=False))
-    assert len(tokens) == len(expected)
-    assert "".join(tokens[:-1]) == CALLS
+def test_stream_logprobs_with_bytes_equal_the_non_streamed_ones(proxy: Proxy, script: Script) -> None:
+    """Tokens whose text the parser holds back still get their logprobs, once each and in order."""
+    client = proxy.client()
+    kwargs: dict[str, Any] = {
+        "model": "m", "messages": QUESTION, "tools": TOOLS, "logprobs": True, "top_logprobs": 2,
+    }
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs
+    assert whole is not None and whole.content is not None
+    streamed = [entry for chunk in client.chat.completions.create(**kwargs, stream=True)
+                for choice in chunk.choices
+                for entry in (choice.logprobs.content or [] if choice.logprobs else [])]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole.content]
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+    assert len(streamed) == len(script.tokenizer.encode(CALLS, add_special_tokens=False)) + 1
+    assert b"".join(bytes(e.bytes or ()) for e in streamed[:-1]).decode() == CALLS
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call(proxy: Proxy) -> None:
