@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy.config import ProxyConfig
 from proxy.errors import REQUEST_ID_HEADER, install_error_handlers
 from proxy.openai_routes import build_openai_router
+from proxy.probes import build_probe_router
 from proxy.rl_routes import build_rl_router
 from proxy.services import ProxyServices, build_services, get_services
 from serving.config import ServingConfig
@@ -42,6 +43,7 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
     app.include_router(build_openai_router())
+    app.include_router(build_probe_router())
     app.include_router(build_rl_router())
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)

@@ -1,5 +1,6 @@
 """Replay of real agent requests (OpenClaw, hermes-agent) captured on loopback: every chat completion
-request they sent is accepted by the proxy (200, a complete stream or object) and recorded.
+request they sent is accepted by the proxy (200, a complete stream or object) and recorded, and every
+model probe (hermes-agent's LM Studio, Ollama and OpenAI ones) is answered in the shape the agent reads.
 
 The captures are read from $FLYWHEEL_TEST_AGENT_REQUESTS, else tests/fixtures/agent-requests, else
 shared/fixtures/agent-requests beside the checkout; see the README there.
@@ -27,11 +28,9 @@ from tests.support.scripted_worker import default_token_fn
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-SERVED_NOW = (*CHAT_PATHS, "/v1/models")
+PROBES = ("/v1/models", "/api/v1/models", "/api/show")
+CONTEXT_LENGTH = 1 << 20  # the replay proxy's
 LATER = {
-    "/api/v1/models": "agent probes (an Ollama/LM Studio-style model listing) are issue 4",
-    "/api/show": "agent probes (Ollama's /api/show) are issue 4",
-    "/v1/models/": "agent probes: answering for the captured model name, not the served one, is issue 4",
     "/v1/responses": "the Responses API is issue 4",
 }
 
@@ -62,7 +61,7 @@ def _captured() -> list[Any]:
 
 def _param(captured: dict[str, Any], name: str) -> Any:
     method, path = captured["method"], captured["path"]
-    if path in SERVED_NOW:
+    if path in CHAT_PATHS or path in PROBES or path.startswith("/v1/models/"):
         return pytest.param(captured, id=name)
     reason = next((why for prefix, why in LATER.items() if path.startswith(prefix)), "not an OpenAI route")
     return pytest.param(captured, id=name, marks=pytest.mark.skip(reason=f"{method} {path}: {reason}"))
@@ -76,7 +75,7 @@ def _stop_after_a_few(prompt_ids: Sequence[int], position: int, index: int, seed
 def replay_proxy(proxies: ProxyFactory, servers: LoopThread) -> Proxy:
     worker = servers.start_scripted(token_fn=_stop_after_a_few, eos_token_id=EOS, record=False)
     # The captured prompts are far longer than the tiny model's context; the scripted worker has none.
-    return proxies.start([worker.url], context_length=1 << 20, default_max_tokens=64)
+    return proxies.start([worker.url], context_length=CONTEXT_LENGTH, default_max_tokens=64)
 
 
 @pytest.mark.parametrize("captured", _captured())
@@ -84,9 +83,8 @@ def test_captured_agent_request_is_accepted(replay_proxy: Proxy, captured: dict[
     method, path = captured["method"], captured["path"]
     headers = {"Authorization": f"Bearer {replay_proxy.session_key}"}
     url = f"{replay_proxy.base_url}{path}"
-    if method == "GET":
-        response = httpx.get(url, headers=headers, timeout=30)
-        assert response.status_code == 200, response.text
+    if path not in CHAT_PATHS:
+        _assert_probe_answered(replay_proxy, method, path, captured["body"])
         return
     body = captured["body"]
     before = replay_proxy.count_completions()
@@ -112,3 +110,39 @@ def _assert_complete_stream(url: str, headers: dict[str, str], body: dict[str, A
     assert finished == ["stop"]
     if (body.get("stream_options") or {}).get("include_usage"):
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 7
+
+
+def _assert_probe_answered(proxy: Proxy, method: str, path: str, body: Any) -> None:
+    """Each probe answered as hermes-agent 0.19.0 reads it (agent/model_metadata.py): for the served
+    model, the context length the proxy enforces; for the captured name (not served), the 404 of that
+    API, on which hermes moves on to its next probe."""
+    headers = {"Authorization": f"Bearer {proxy.session_key}"}
+    listing = httpx.get(f"{proxy.v1}/models", headers=headers, timeout=30)
+    assert listing.status_code == 200, listing.text
+    served = listing.json()["data"][0]
+    assert served["max_model_len"] == CONTEXT_LENGTH and served["owned_by"] == "flywheel"
+    name = served["id"]
+    response = httpx.request(method, f"{proxy.base_url}{path}", headers=headers, json=body, timeout=30)
+    if path == "/v1/models":
+        assert response.json() == listing.json()
+    elif path == "/api/v1/models":  # detect_local_server_type, fetch_endpoint_model_metadata
+        assert response.status_code == 200, response.text
+        (model,) = response.json()["models"]
+        assert model["key"] == name and model["type"] == "llm"
+        assert model["loaded_instances"][0]["config"]["context_length"] == CONTEXT_LENGTH
+        assert model["max_context_length"] == CONTEXT_LENGTH
+    elif path == "/api/show":  # _query_ollama_api_show: any non-200 is "unknown", never an error
+        assert body["name"] != name
+        assert response.status_code == 404 and "error" in response.json()
+        served_body = {**body, "name": name}
+        shown = httpx.post(f"{proxy.base_url}{path}", headers=headers, json=served_body, timeout=30)
+        assert shown.status_code == 200, shown.text
+        info = shown.json()["model_info"]
+        assert [v for k, v in info.items() if "context_length" in k] == [CONTEXT_LENGTH]
+        assert shown.json()["parameters"] == f"num_ctx {CONTEXT_LENGTH}"
+    else:  # /v1/models/{id}, _query_local_context_length: a 404 sends hermes on to /v1/models
+        assert path.startswith("/v1/models/") and path != f"/v1/models/{name}"
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "model_not_found"
+        retrieved = httpx.get(f"{proxy.v1}/models/{name}", headers=headers, timeout=30)
+        assert retrieved.status_code == 200 and retrieved.json() == served
