@@ -100,8 +100,20 @@ def _run_trainer(config: FlywheelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM run the same clean-up as Ctrl-C (stop the child processes), not kill us bare."""
+    import signal
+
+    def exit_now(signum: int, _frame: object) -> None:
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+
+
 def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
     import asyncio
+
+    _exit_on_sigterm()
 
     from flywheel.stack import describe, run_until_stopped, start_stack
 
@@ -136,6 +148,7 @@ def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
     from flywheel.demo import run_demo
 
+    _exit_on_sigterm()
     return run_demo(args.config, args.overrides)
 
 
