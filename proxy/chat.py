@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
 from proxy.config import ProxyConfig
 from proxy.errors import OpenAIError
-from proxy.generation import GenerationPlan, generate, open_stream, plan_generation
+from proxy.generation import ChoiceResult, GenerationPlan, generate, open_stream, plan_generation
 from proxy.parsers import OutputParser, reasoning_parser, tool_call_parser
 from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
@@ -29,7 +29,7 @@ from proxy.services import ProxyServices, get_services
 from proxy.streaming import ChatStream
 from proxy.tokenize import ChatTokenizer
 from storage.queries import create_session, end_session, hash_api_key
-from storage.records import SessionRecord
+from storage.records import CompletionRecord, SessionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ SESSION_HEADER = "x-flywheel-session-id"
 ADMIN_CALL_ORIGIN = "admin-call"
 
 _PROMPT_TAIL_TOKENS = 8  # enough to see whether the prompt ends by opening a <think> block
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def create_chat_completion(
@@ -46,7 +46,7 @@ async def create_chat_completion(
     principal: Annotated[Principal, Depends(require_principal)],
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> Response:
-    request_json = _request_json(await request.body())
+    request_json = parse_request_json(await request.body())
     prompt_ids = await services.tokenizer.render_async(
         body.template_messages(), body.template_tools(), services.config.tokenize_in_thread_chars
     )
@@ -55,7 +55,7 @@ async def create_chat_completion(
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
         services.served_model_name, output_parser(body, services.config, services.tokenizer, prompt_ids),
     )
-    end_call_session = None if principal.session_id else await _open_call_session(services, session_id)
+    end_call_session = None if principal.session_id else await open_call_session(services, session_id)
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
         try:
@@ -66,7 +66,7 @@ async def create_chat_completion(
             raise
         chat_stream = ChatStream(services, plan, body, request_json, worker, stream, first, end_call_session)
         return StreamingResponse(
-            chat_stream.events(), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers}
+            chat_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
     try:
         response_json = await _complete(services, plan, body, request_json)
@@ -82,7 +82,13 @@ async def _complete(
     """Generate, record, and return the response object; 500 if it could not be recorded."""
     results = await generate(services.balancer, plan)
     response_json = chat_completion(plan, results, body, services.tokenizer)
-    records = completion_records(plan, results, request_json, response_json)
+    await record_before_answer(services, completion_records(plan, results, request_json, response_json))
+    count_generated(services, plan, results)
+    return response_json
+
+
+async def record_before_answer(services: ProxyServices, records: list[CompletionRecord]) -> None:
+    """Record the completions of a non-streaming answer; 500 (and no answer) if they cannot be."""
     try:
         await services.recorder.record(records)
     except Exception as exc:
@@ -90,12 +96,14 @@ async def _complete(
             500, "The completion could not be recorded, so it is not returned.", "server_error",
             code="record_failed",
         ) from exc
+
+
+def count_generated(services: ProxyServices, plan: GenerationPlan, results: list[ChoiceResult]) -> None:
     metrics = services.metrics
     for result in results:
         metrics.completions.labels(result.finish_reason).inc()
     metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
-    metrics.tokens.labels("completion").inc(response_json["usage"]["completion_tokens"])
-    return response_json
+    metrics.tokens.labels("completion").inc(sum(len(result.output_ids) for result in results))
 
 
 def output_parser(
@@ -118,7 +126,7 @@ def output_parser(
     )
 
 
-async def _open_call_session(services: ProxyServices, session_id: str) -> Callable[[], Awaitable[None]]:
+async def open_call_session(services: ProxyServices, session_id: str) -> Callable[[], Awaitable[None]]:
     """Create the session of one admin call; return the function that ends it."""
     # A session needs a key to exist; nobody ever learns this one.
     key_hash = hash_api_key(generate_api_key(SESSION_KEY_PREFIX))
@@ -138,7 +146,7 @@ async def _open_call_session(services: ProxyServices, session_id: str) -> Callab
     return end_call_session
 
 
-def _request_json(raw: bytes) -> dict[str, Any]:
+def parse_request_json(raw: bytes) -> dict[str, Any]:
     payload = msgspec.json.decode(raw)
     if not isinstance(payload, dict):  # FastAPI has already validated the body as an object
         raise OpenAIError(400, "The request body must be a JSON object.", "invalid_request_error")

@@ -8,12 +8,11 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from proxy.balancer import Balancer, Worker
 from proxy.errors import OpenAIError
 from proxy.parsers import OutputParser
-from proxy.schemas import ChatCompletionRequest
 from proxy.tokenize import ChatTokenizer
 from serving.client import GenerateRequest, SamplingParams
 from serving.errors import (
@@ -69,24 +68,61 @@ class ChoiceResult:
     worker_rid: str | None
 
 
-def new_completion_ids(n: int) -> tuple[str, ...]:
-    """`chatcmpl-<hex>` for choice 0 (the response's id); `<that>-<i>` for the others."""
-    base = f"chatcmpl-{secrets.token_hex(12)}"
+class SamplingRequest(Protocol):
+    """What a generation plan reads from a request body (chat and legacy completions both are one)."""
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def presence_penalty(self) -> float | None: ...
+    @property
+    def frequency_penalty(self) -> float | None: ...
+    @property
+    def repetition_penalty(self) -> float | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def logit_bias(self) -> dict[str, float] | None: ...
+    @property
+    def top_logprobs(self) -> int | None: ...
+    @property
+    def choices(self) -> int: ...
+    @property
+    def wants_logprobs(self) -> bool: ...
+    def stop_strings(self) -> list[str]: ...
+    def requested_max_tokens(self) -> int | None: ...
+
+
+def new_completion_ids(n: int, prefix: str = "chatcmpl") -> tuple[str, ...]:
+    """`<prefix>-<hex>` for choice 0 (the response's id); `<that>-<i>` for the others."""
+    base = f"{prefix}-{secrets.token_hex(12)}"
     return (base, *(f"{base}-{i}" for i in range(1, n)))
 
 
 def plan_generation(
-    body: ChatCompletionRequest, prompt_ids: list[int], tokenizer: ChatTokenizer, default_max_tokens: int,
+    body: SamplingRequest, prompt_ids: list[int], tokenizer: ChatTokenizer, default_max_tokens: int,
     session_id: str, served_model: str, output: OutputParser | None = None,
+    completion_ids: tuple[str, ...] | None = None, prompt_param: str = "messages",
 ) -> GenerationPlan:
-    """The worker request for `body` with its rendered prompt; 400 if the prompt leaves no room."""
+    """The worker request for `body` with its rendered prompt; 400 if the prompt leaves no room.
+    `completion_ids` (one per choice) default to new `chatcmpl-` ids; `prompt_param` names the field a
+    too-long prompt came from."""
     room = tokenizer.context_length - len(prompt_ids)
     if room < 1:
         raise OpenAIError(
             400,
             f"This model's maximum context length is {tokenizer.context_length} tokens. However, your "
-            f"messages resulted in {len(prompt_ids)} tokens. Please reduce the length of the messages.",
-            "invalid_request_error", param="messages", code="context_length_exceeded",
+            f"{prompt_param} resulted in {len(prompt_ids)} tokens. Please reduce the length of the "
+            f"{prompt_param}.",
+            "invalid_request_error", param=prompt_param, code="context_length_exceeded",
         )
     requested = body.requested_max_tokens()
     # A max_tokens beyond the room left is lowered to fit, as agents ask for more than small models have.
@@ -108,7 +144,7 @@ def plan_generation(
         sampling_seed=body.seed,
         logit_bias=body.logit_bias,
     )
-    completion_ids = new_completion_ids(body.choices)
+    completion_ids = completion_ids or new_completion_ids(body.choices)
     request = GenerateRequest(
         input_ids=prompt_ids,
         sampling_params=sampling,

@@ -134,9 +134,10 @@ def chunk(plan: GenerationPlan, choices: list[dict[str, Any]], include_usage: bo
 
 def completion_records(
     plan: GenerationPlan, results: Sequence[ChoiceResult], request_json: dict[str, Any],
-    response_json: dict[str, Any],
+    response_json: dict[str, Any], first_index: int = 0,
 ) -> list[CompletionRecord]:
-    """One record per choice. Each stores the response with only its own choice in it."""
+    """One record per choice. Each stores the response with only its own choice in it; the plan's
+    choices are the response's choices `first_index`, `first_index + 1`, … (a batch of prompts)."""
     return [
         CompletionRecord(
             id=plan.completion_ids[result.index],
@@ -151,14 +152,14 @@ def completion_records(
             top_p=plan.top_p,
             top_k=plan.top_k,
             request_json=request_json,
-            response_json=_own_choice(response_json, result.index, plan.n),
+            response_json=_own_choice(response_json, first_index + result.index),
         )
         for result in results
     ]
 
 
-def _own_choice(response_json: dict[str, Any], index: int, n: int) -> dict[str, Any]:
-    if n == 1:
+def _own_choice(response_json: dict[str, Any], index: int) -> dict[str, Any]:
+    if len(response_json["choices"]) <= 1:
         return response_json
     own = [choice for choice in response_json["choices"] if choice["index"] == index]
     return {**response_json, "choices": own}

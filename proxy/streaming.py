@@ -38,7 +38,7 @@ from serving.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
-_DONE = b"data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
 _ABORT_TIMEOUT_S = 5.0
 
 
@@ -90,35 +90,54 @@ class ChoiceStream:
         return text[:end]
 
 
-class ChatStream:
-    """One streaming chat completion: the worker reader, the finisher that records, and the SSE body."""
+class GenerationStream:
+    """One streaming generation: the worker reader, the finisher that records, and the SSE body.
+    Subclasses say what the client sees: `_opening` (chunks before any token), `_take` (one worker
+    chunk), `_response` (the object recorded for the results) and `_emit_end` (the last chunks)."""
 
     def __init__(
-        self, services: ProxyServices, plan: GenerationPlan, body: ChatCompletionRequest,
-        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
-        first: dict[str, Any], on_recorded: Callable[[], Awaitable[None]] | None = None,
+        self, services: ProxyServices, plan: GenerationPlan, request_json: dict[str, Any], worker: Worker,
+        stream: AsyncGenerator[dict[str, Any], None], first: dict[str, Any], stop_strings: list[str],
+        on_recorded: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.services = services
         self.plan = plan
-        self.body = body
         self.request_json = request_json
         self.worker = worker
-        self.choices = [ChoiceStream(i, body.stop_strings()) for i in range(plan.n)]
+        self.choices = [ChoiceStream(i, stop_strings) for i in range(plan.n)]
         self._stream = stream
         self._first = first
         self._on_recorded = on_recorded
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._started = time.perf_counter()
         self._first_content = True
-        self._parsers = [plan.output.stream() for _ in range(plan.n)]
-        self._parsed = [False] * plan.n
-        self._logprobs_sent = [0] * plan.n
-        self._call_ids: list[list[str]] = [[] for _ in range(plan.n)]
-        for choice in self.choices:
-            self._emit([{"index": choice.index, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}])
+        self._opening()
         self._reader = asyncio.create_task(self._read(), name=f"stream-read-{plan.response_id}")
         services.spawn(self._finish(), name=f"stream-finish-{plan.response_id}")
+
+    def _opening(self) -> None:
+        """Chunks sent before the first token (none unless a subclass says so)."""
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        """Relay one cumulative worker chunk to the client."""
+        raise NotImplementedError
+
+    def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        """The response object recorded with the results (what a non-streaming call would answer)."""
+        raise NotImplementedError
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        """The last chunks (finish reasons, usage) and `data: [DONE]`, once the results are recorded."""
+        raise NotImplementedError
+
+    def _choice_of(self, worker_chunk: dict[str, Any]) -> ChoiceStream:
+        return self.choices[int(worker_chunk.get("index", 0)) if self.plan.n > 1 else 0]
+
+    def _note_content(self) -> None:
+        """Time to first token, observed when the first content goes out."""
+        if self._first_content:
+            self._first_content = False
+            self.services.metrics.time_to_first_token.observe(time.perf_counter() - self._started)
 
     async def events(self) -> AsyncIterator[bytes]:
         """The response body. If the client leaves, this generator is cancelled: stop the reader."""
@@ -130,57 +149,11 @@ class ChatStream:
                 self.services.metrics.stream_disconnects.inc()
                 self._reader.cancel()
 
-    def _emit(self, choices: list[dict[str, Any]]) -> None:
-        self._queue.put_nowait(sse(chunk(self.plan, choices, self.body.include_usage)))
-
     async def _read(self) -> None:
         async with contextlib.aclosing(self._stream):
             self._take(self._first)
             async for worker_chunk in self._stream:
                 self._take(worker_chunk)
-
-    def _take(self, worker_chunk: dict[str, Any]) -> None:
-        choice = self.choices[int(worker_chunk.get("index", 0)) if self.plan.n > 1 else 0]
-        delta, _start, end = choice.advance(worker_chunk)
-        parser = self._parsers[choice.index]
-        events = parser.feed(delta) if delta else []
-        if choice.finished and not self._parsed[choice.index]:
-            self._parsed[choice.index] = True
-            events += parser.finish()
-        deltas = [d for event in events for d in self._deltas(choice.index, event)]
-        reported = self._logprobs_sent[choice.index]
-        if not deltas:
-            if not (choice.finished and end > reported):
-                return  # the text of these tokens is held back: their logprobs go with it
-            deltas = [{"content": ""}]  # tokens with no text (an end-of-sequence token)
-        logprobs = None
-        if self.body.wants_logprobs and end > reported:
-            partial = read_choice(worker_chunk, choice.index, final=False)
-            top = partial.top_logprobs[reported:end] if partial.top_logprobs else None
-            content = logprob_entries(self.services.tokenizer, partial.output_ids[reported:end],
-                                      partial.logprobs[reported:end], top, self.body.top_logprobs or 0)
-            logprobs = {"content": content, "refusal": None}
-        self._logprobs_sent[choice.index] = max(end, reported)
-        if self._first_content:
-            self._first_content = False
-            self.services.metrics.time_to_first_token.observe(time.perf_counter() - self._started)
-        for position, delta_json in enumerate(deltas):
-            self._emit([{"index": choice.index, "delta": delta_json,
-                         "logprobs": logprobs if position == 0 else None, "finish_reason": None}])
-
-    def _deltas(self, index: int, event: StreamEvent) -> list[dict[str, Any]]:
-        """OpenAI's deltas for one parser event. A tool call is two: its id and name with empty
-        arguments, then the arguments (later deltas carry only the index and argument text)."""
-        if isinstance(event, ContentDelta):
-            return [{"content": event.text}]
-        if isinstance(event, ReasoningDelta):
-            return [{"reasoning_content": event.text}]
-        call_id = tool_call_id()
-        self._call_ids[index].append(call_id)
-        opening = {"index": event.index, "id": call_id, "type": "function",
-                   "function": {"name": event.call.name, "arguments": ""}}
-        arguments = {"index": event.index, "function": {"arguments": event.call.arguments}}
-        return [{"tool_calls": [opening]}, {"tool_calls": [arguments]}]
 
     async def _finish(self) -> None:
         await asyncio.wait([self._reader])
@@ -218,8 +191,7 @@ class ChatStream:
         return results
 
     async def _record(self, results: list[ChoiceResult]) -> bool:
-        response = chat_completion(self.plan, results, self.body, self.services.tokenizer,
-                                   dict(enumerate(self._call_ids)))
+        response = self._response(results)
         records = completion_records(self.plan, results, self.request_json, response)
         try:
             await self.services.recorder.record(records)
@@ -234,16 +206,6 @@ class ChatStream:
         if self._on_recorded is not None:
             await self._on_recorded()
         return True
-
-    def _emit_end(self, results: list[ChoiceResult]) -> None:
-        for result in results:
-            reason = finish_reason(result.finish_reason, bool(self._call_ids[result.index]))
-            self._emit([{"index": result.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-        if self.body.include_usage:
-            final = chunk(self.plan, [], include_usage=False)
-            final["usage"] = usage(len(self.plan.prompt_ids), results)
-            self._queue.put_nowait(sse(final))
-        self._queue.put_nowait(_DONE)
 
     def _fail(self, error: OpenAIError | None, exc: BaseException) -> None:
         logger.error("stream %s failed: %s", self.plan.response_id, exc)
@@ -261,6 +223,88 @@ class ChatStream:
                     await self.worker.client.abort_request(rid=rid)
             except (WorkerError, TimeoutError) as exc:
                 logger.info("could not abort %s on %s: %s", rid, self.worker.url, exc)
+
+
+class ChatStream(GenerationStream):
+    """A streaming chat completion: `chat.completion.chunk`s with parsed content, reasoning and tool
+    calls."""
+
+    def __init__(
+        self, services: ProxyServices, plan: GenerationPlan, body: ChatCompletionRequest,
+        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
+        first: dict[str, Any], on_recorded: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.body = body
+        self._parsers = [plan.output.stream() for _ in range(plan.n)]
+        self._parsed = [False] * plan.n
+        self._logprobs_sent = [0] * plan.n
+        self._call_ids: list[list[str]] = [[] for _ in range(plan.n)]
+        super().__init__(
+            services, plan, request_json, worker, stream, first, body.stop_strings(), on_recorded
+        )
+
+    def _opening(self) -> None:
+        for choice in self.choices:
+            self._emit([{"index": choice.index, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}])
+
+    def _emit(self, choices: list[dict[str, Any]]) -> None:
+        self._queue.put_nowait(sse(chunk(self.plan, choices, self.body.include_usage)))
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        choice = self._choice_of(worker_chunk)
+        delta, _start, end = choice.advance(worker_chunk)
+        parser = self._parsers[choice.index]
+        events = parser.feed(delta) if delta else []
+        if choice.finished and not self._parsed[choice.index]:
+            self._parsed[choice.index] = True
+            events += parser.finish()
+        deltas = [d for event in events for d in self._deltas(choice.index, event)]
+        reported = self._logprobs_sent[choice.index]
+        if not deltas:
+            if not (choice.finished and end > reported):
+                return  # the text of these tokens is held back: their logprobs go with it
+            deltas = [{"content": ""}]  # tokens with no text (an end-of-sequence token)
+        logprobs = None
+        if self.body.wants_logprobs and end > reported:
+            partial = read_choice(worker_chunk, choice.index, final=False)
+            top = partial.top_logprobs[reported:end] if partial.top_logprobs else None
+            content = logprob_entries(self.services.tokenizer, partial.output_ids[reported:end],
+                                      partial.logprobs[reported:end], top, self.body.top_logprobs or 0)
+            logprobs = {"content": content, "refusal": None}
+        self._logprobs_sent[choice.index] = max(end, reported)
+        self._note_content()
+        for position, delta_json in enumerate(deltas):
+            self._emit([{"index": choice.index, "delta": delta_json,
+                         "logprobs": logprobs if position == 0 else None, "finish_reason": None}])
+
+    def _deltas(self, index: int, event: StreamEvent) -> list[dict[str, Any]]:
+        """OpenAI's deltas for one parser event. A tool call is two: its id and name with empty
+        arguments, then the arguments (later deltas carry only the index and argument text)."""
+        if isinstance(event, ContentDelta):
+            return [{"content": event.text}]
+        if isinstance(event, ReasoningDelta):
+            return [{"reasoning_content": event.text}]
+        call_id = tool_call_id()
+        self._call_ids[index].append(call_id)
+        opening = {"index": event.index, "id": call_id, "type": "function",
+                   "function": {"name": event.call.name, "arguments": ""}}
+        arguments = {"index": event.index, "function": {"arguments": event.call.arguments}}
+        return [{"tool_calls": [opening]}, {"tool_calls": [arguments]}]
+
+    def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        return chat_completion(self.plan, results, self.body, self.services.tokenizer,
+                               dict(enumerate(self._call_ids)))
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        for result in results:
+            reason = finish_reason(result.finish_reason, bool(self._call_ids[result.index]))
+            self._emit([{"index": result.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+        if self.body.include_usage:
+            final = chunk(self.plan, [], include_usage=False)
+            final["usage"] = usage(len(self.plan.prompt_ids), results)
+            self._queue.put_nowait(sse(final))
+        self._queue.put_nowait(DONE)
 
 
 def _client_error(failure: BaseException) -> OpenAIError | None:
