@@ -1,5 +1,5 @@
-"""The OpenAI-compatible routes: chat completions (under /v1 and, as AReaL offers, at the root) and
-the model list. Every route needs a key (`require_principal`)."""
+"""The OpenAI-compatible routes: chat and legacy text completions (under /v1 and, as AReaL offers, at
+the root) and the model list. Every route needs a key (`require_principal`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 
 from proxy.auth import Principal, require_principal
 from proxy.chat import create_chat_completion
+from proxy.completions import create_completion
 from proxy.errors import OpenAIError
 from proxy.services import ProxyServices, get_services
 
@@ -20,6 +21,10 @@ def build_openai_router() -> APIRouter:
     for path in ("/v1/chat/completions", "/chat/completions"):
         router.add_api_route(
             path, create_chat_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
+        )
+    for path in ("/v1/completions", "/completions"):
+        router.add_api_route(
+            path, create_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
         )
     router.add_api_route("/v1/models", list_models, methods=["GET"])
     router.add_api_route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"])

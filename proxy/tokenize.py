@@ -72,6 +72,17 @@ class ChatTokenizer:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a raw (legacy completions) prompt: no chat template, and special tokens added
+        exactly as the tokenizer adds them by default (a BOS for Llama-style tokenizers, nothing for
+        Qwen's), which is what vLLM and SGLang feed their models for the same request."""
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the tokenizer knows (added tokens included): valid ids are below it."""
+        return len(self.tokenizer)
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 

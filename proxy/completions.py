@@ -1,0 +1,297 @@
+"""`POST /v1/completions`, OpenAI's legacy text completions: a raw prompt (text, token ids, or a batch of
+them) goes to the worker without a chat template. Each prompt × `n` is one choice (index
+`prompt_index * n + i`) and one recorded completion, recorded exactly as chat's are, before the answer.
+
+Choices where OpenAI leaves room:
+- A text prompt is tokenized as the tokenizer does by default (`add_special_tokens=True`: a BOS for
+  Llama-style tokenizers, nothing for Qwen's), as vLLM and SGLang do; token-id prompts go as given.
+- `echo` prepends the prompt text (token-id prompts decoded, special tokens kept). With `logprobs`, the
+  echoed prompt tokens are listed with `null` logprobs and `null` top alternatives (the worker is not
+  asked to score the prompt).
+- `logprobs: k` asks the worker for the top k alternatives; where it returns none, `top_logprobs`
+  holds empty dicts. Alternatives whose token text coincides share one key (a dict, as OpenAI's).
+  `text_offset` counts characters of the token strings, from the start of the returned text.
+- `suffix` is refused (400); `best_of` must equal `n`; `max_tokens` defaults to 16 as on OpenAI.
+- Streaming takes one prompt (any `n`); a batch of several prompts is streamed by no one we know of,
+  so it is refused (400) rather than half supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Depends, Request
+from fastapi.responses import Response, StreamingResponse
+
+from proxy.auth import Principal, require_principal
+from proxy.balancer import Worker
+from proxy.chat import (
+    SESSION_HEADER,
+    SSE_HEADERS,
+    count_generated,
+    open_call_session,
+    parse_request_json,
+    record_before_answer,
+)
+from proxy.errors import OpenAIError
+from proxy.generation import (
+    ChoiceResult,
+    GenerationPlan,
+    generate,
+    new_completion_ids,
+    open_stream,
+    plan_generation,
+    read_choice,
+)
+from proxy.responses import completion_records
+from proxy.schemas import CompletionRequest, Prompt
+from proxy.services import ProxyServices, get_services
+from proxy.streaming import DONE, GenerationStream, sse
+from proxy.tokenize import ChatTokenizer
+
+TEXT_COMPLETION = "text_completion"
+COMPLETION_ID_PREFIX = "cmpl"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptGeneration:
+    """One prompt of the request: its generation plan, its text (for echo), its first choice index."""
+
+    plan: GenerationPlan
+    text: str
+    first_index: int
+
+
+async def create_completion(
+    request: Request,
+    body: CompletionRequest,
+    principal: Annotated[Principal, Depends(require_principal)],
+    services: Annotated[ProxyServices, Depends(get_services)],
+) -> Response:
+    request_json = parse_request_json(await request.body())
+    if body.streaming and len(body.prompts()) > 1:
+        raise OpenAIError(400, "Streaming takes a single prompt; send one request per prompt.",
+                          "invalid_request_error", param="prompt")
+    prompts = [await _tokenize(prompt, services) for prompt in body.prompts()]
+    session_id = principal.session_id or uuid.uuid4().hex
+    n = body.choices
+    ids = new_completion_ids(len(prompts) * n, prefix=COMPLETION_ID_PREFIX)
+    parts = [
+        PromptGeneration(
+            plan_generation(
+                body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
+                services.served_model_name, completion_ids=ids[p * n:(p + 1) * n], prompt_param="prompt",
+            ),
+            text, p * n,
+        )
+        for p, (prompt_ids, text) in enumerate(prompts)
+    ]
+    end_call_session = None if principal.session_id else await open_call_session(services, session_id)
+    headers = {SESSION_HEADER: session_id}
+    if body.streaming:
+        try:
+            worker, stream, first = await open_stream(services.balancer, parts[0].plan)
+        except OpenAIError:
+            if end_call_session is not None:
+                await end_call_session()
+            raise
+        relay = CompletionStream(services, parts[0], body, request_json, worker, stream, first,
+                                 end_call_session)
+        return StreamingResponse(
+            relay.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+        )
+    try:
+        response_json = await _complete(services, parts, body, request_json)
+    finally:
+        if end_call_session is not None:
+            await end_call_session()
+    return Response(msgspec.json.encode(response_json), media_type="application/json", headers=headers)
+
+
+async def _tokenize(prompt: Prompt, services: ProxyServices) -> tuple[list[int], str]:
+    """(prompt ids, prompt text) of one prompt; 400 for ids outside the vocabulary or an empty prompt."""
+    tokenizer = services.tokenizer
+    if isinstance(prompt, str):
+        if len(prompt) > services.config.tokenize_in_thread_chars:
+            prompt_ids = await asyncio.to_thread(tokenizer.encode_prompt, prompt)
+        else:
+            prompt_ids = tokenizer.encode_prompt(prompt)
+        if not prompt_ids:
+            raise OpenAIError(400, "The prompt is empty: it has no tokens.", "invalid_request_error",
+                              param="prompt")
+        return prompt_ids, prompt
+    vocab = tokenizer.vocab_size
+    bad = next((token for token in prompt if not 0 <= token < vocab), None)
+    if bad is not None:
+        raise OpenAIError(400, f"Token id {bad} in the prompt is outside the vocabulary [0, {vocab}).",
+                          "invalid_request_error", param="prompt", code="invalid_value")
+    return list(prompt), tokenizer.decode(prompt, skip_special_tokens=False)
+
+
+async def _complete(
+    services: ProxyServices, parts: list[PromptGeneration], body: CompletionRequest,
+    request_json: dict[str, Any],
+) -> dict[str, Any]:
+    """Generate every prompt's choices, record them all, and return the response object."""
+    outcomes = await asyncio.gather(*(generate(services.balancer, part.plan) for part in parts))
+    results = list(zip(parts, outcomes, strict=True))
+    response_json = text_completion(results, body, services.tokenizer)
+    records = [record for part, choices in results
+               for record in completion_records(part.plan, choices, request_json, response_json,
+                                                part.first_index)]
+    await record_before_answer(services, records)
+    for part, choices in results:
+        count_generated(services, part.plan, choices)
+    return response_json
+
+
+def text_completion(
+    results: Sequence[tuple[PromptGeneration, Sequence[ChoiceResult]]], body: CompletionRequest,
+    tokenizer: ChatTokenizer,
+) -> dict[str, Any]:
+    """The `text_completion` object: choices in index order, usage over every prompt."""
+    first = results[0][0].plan
+    total = sum(part.plan.n for part, _ in results)
+    choices = [
+        _choice(part, result, body, tokenizer, with_id=total > 1)
+        for part, choice_results in results for result in choice_results
+    ]
+    prompt_tokens = sum(len(part.plan.prompt_ids) for part, _ in results)
+    completion_tokens = sum(len(r.output_ids) for _, choice_results in results for r in choice_results)
+    return {
+        "id": first.response_id,
+        "object": TEXT_COMPLETION,
+        "created": first.created,
+        "model": first.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+        "system_fingerprint": None,
+    }
+
+
+def _choice(
+    part: PromptGeneration, result: ChoiceResult, body: CompletionRequest, tokenizer: ChatTokenizer,
+    *, with_id: bool,
+) -> dict[str, Any]:
+    echoed = part.text if body.echo else ""
+    choice: dict[str, Any] = {
+        "index": part.first_index + result.index,
+        "text": echoed + result.text,
+        "logprobs": None,
+        "finish_reason": result.finish_reason,
+    }
+    if body.wants_logprobs:
+        echo_ids = part.plan.prompt_ids if body.echo else []
+        prompt_part, offset = legacy_logprobs(tokenizer, echo_ids, [None] * len(echo_ids), None, 0, 0)
+        output_part, _ = legacy_logprobs(tokenizer, result.output_ids, result.logprobs, result.top_logprobs,
+                                         body.logprobs or 0, offset)
+        choice["logprobs"] = {key: prompt_part[key] + output_part[key] for key in prompt_part}
+    if with_id:
+        choice["completion_id"] = part.plan.completion_ids[result.index]
+    if body.return_token_ids:
+        choice["prompt_token_ids"] = part.plan.prompt_ids
+        choice["token_ids"] = result.output_ids
+    return choice
+
+
+def legacy_logprobs(
+    tokenizer: ChatTokenizer, token_ids: Sequence[int], logprobs: Sequence[float | None],
+    top_logprobs: Sequence[Sequence[tuple[float, int]]] | None, top_n: int, first_offset: int,
+) -> tuple[dict[str, list[Any]], int]:
+    """OpenAI's legacy `logprobs` {tokens, token_logprobs, top_logprobs, text_offset}, and the text
+    offset after the last token. A token with no logprob (an echoed prompt token) has null top
+    alternatives; a generated one a dict, empty when the worker sent no alternatives."""
+    tokens: list[str] = []
+    top: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = first_offset
+    for position, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
+        text = tokenizer.token_text(token_id)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if logprob is None:
+            top.append(None)
+        elif top_logprobs is not None and top_n > 0 and position < len(top_logprobs):
+            top.append({tokenizer.token_text(tid): lp for lp, tid in top_logprobs[position][:top_n]})
+        else:
+            top.append({})
+    legacy: dict[str, list[Any]] = {
+        "tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets,
+    }
+    return legacy, offset
+
+
+class CompletionStream(GenerationStream):
+    """A streaming text completion: `text_completion` chunks (`choices[].text`), the echoed prompt
+    first when asked, then `finish_reason` chunks, the usage chunk if asked, and `data: [DONE]`."""
+
+    def __init__(
+        self, services: ProxyServices, part: PromptGeneration, body: CompletionRequest,
+        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
+        first: dict[str, Any], on_recorded: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.body = body
+        self.part = part
+        self._logprobs_sent = [0] * part.plan.n
+        self._offsets = [0] * part.plan.n  # text_offset of each choice's next token
+        super().__init__(services, part.plan, request_json, worker, stream, first, body.stop_strings(),
+                         on_recorded)
+
+    def _emit(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
+        payload: dict[str, Any] = {
+            "id": self.plan.response_id, "object": TEXT_COMPLETION, "created": self.plan.created,
+            "model": self.plan.model, "system_fingerprint": None, "choices": choices,
+        }
+        if self.body.include_usage:
+            payload["usage"] = usage
+        self._queue.put_nowait(sse(payload))
+
+    def _opening(self) -> None:
+        if not self.body.echo:
+            return
+        tokenizer = self.services.tokenizer
+        prompt_ids = self.plan.prompt_ids
+        for choice in self.choices:
+            logprobs = None
+            if self.body.wants_logprobs:
+                logprobs, self._offsets[choice.index] = legacy_logprobs(
+                    tokenizer, prompt_ids, [None] * len(prompt_ids), None, 0, 0
+                )
+            self._emit([{"index": choice.index, "text": self.part.text, "logprobs": logprobs,
+                         "finish_reason": None}])
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        choice = self._choice_of(worker_chunk)
+        delta, _start, end = choice.advance(worker_chunk)
+        reported = self._logprobs_sent[choice.index]
+        if not delta and not (choice.finished and end > reported):
+            return  # the text of these tokens is held back: their logprobs go with it
+        logprobs = None
+        if self.body.wants_logprobs and end > reported:
+            partial = read_choice(worker_chunk, choice.index, final=False)
+            top = partial.top_logprobs[reported:end] if partial.top_logprobs else None
+            logprobs, self._offsets[choice.index] = legacy_logprobs(
+                self.services.tokenizer, partial.output_ids[reported:end], partial.logprobs[reported:end],
+                top, self.body.logprobs or 0, self._offsets[choice.index],
+            )
+        self._logprobs_sent[choice.index] = max(end, reported)
+        self._note_content()
+        self._emit([{"index": choice.index, "text": delta, "logprobs": logprobs, "finish_reason": None}])
+
+    def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        return text_completion([(self.part, results)], self.body, self.services.tokenizer)
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        for result in results:
+            self._emit([{"index": result.index, "text": "", "logprobs": None,
+                         "finish_reason": result.finish_reason}])
+        if self.body.include_usage:
+            self._emit([], usage=self._response(results)["usage"])
+        self._queue.put_nowait(DONE)
