@@ -12,15 +12,15 @@ Choices where OpenAI leaves room:
   holds empty dicts. Alternatives whose token text coincides share one key (a dict, as OpenAI's).
   `text_offset` counts characters of the token strings, from the start of the returned text.
 - `suffix` is refused (400); `best_of` must equal `n`; `max_tokens` defaults to 16 as on OpenAI.
-- Streaming takes one prompt (any `n`); a batch of several prompts is streamed by no one we know of,
-  so it is refused (400) rather than half supported.
+- A streamed batch of prompts runs one worker stream per prompt into one response body: chunks of
+  different prompts interleave (each names its choice index), and `[DONE]` follows the last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -74,9 +74,6 @@ async def create_completion(
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> Response:
     request_json = parse_request_json(await request.body())
-    if body.streaming and len(body.prompts()) > 1:
-        raise OpenAIError(400, "Streaming takes a single prompt; send one request per prompt.",
-                          "invalid_request_error", param="prompt")
     prompts = [await _tokenize(prompt, services) for prompt in body.prompts()]
     session_id = principal.session_id or uuid.uuid4().hex
     n = body.choices
@@ -95,15 +92,16 @@ async def create_completion(
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
         try:
-            worker, stream, first = await open_stream(services.balancer, parts[0].plan)
+            opened = await _open_streams(services, parts)
         except OpenAIError:
             if end_call_session is not None:
                 await end_call_session()
             raise
-        relay = CompletionStream(services, parts[0], body, request_json, worker, stream, first,
-                                 end_call_session)
+        batch = StreamedBatch(parts[0].plan, body, end_call_session)
+        for part, (worker, stream, first) in zip(parts, opened, strict=True):
+            batch.streams.append(CompletionStream(services, part, batch, request_json, worker, stream, first))
         return StreamingResponse(
-            relay.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            batch.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
     try:
         response_json = await _complete(services, parts, body, request_json)
@@ -111,6 +109,22 @@ async def create_completion(
         if end_call_session is not None:
             await end_call_session()
     return Response(msgspec.json.encode(response_json), media_type="application/json", headers=headers)
+
+
+async def _open_streams(
+    services: ProxyServices, parts: list[PromptGeneration]
+) -> list[tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]]:
+    """One worker stream per prompt; if one cannot be opened, those already open are closed."""
+    opened: list[tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]] = []
+    try:
+        for part in parts:
+            opened.append(await open_stream(services.balancer, part.plan))
+    except OpenAIError:
+        for worker, stream, _first in opened:
+            await stream.aclose()  # closing the connection aborts the generation on the worker
+            services.balancer.release(worker)
+        raise
+    return opened
 
 
 async def _tokenize(prompt: Prompt, services: ProxyServices) -> tuple[list[int], str]:
@@ -228,30 +242,81 @@ def legacy_logprobs(
     return legacy, offset
 
 
-class CompletionStream(GenerationStream):
-    """A streaming text completion: `text_completion` chunks (`choices[].text`), the echoed prompt
-    first when asked, then `finish_reason` chunks, the usage chunk if asked, and `data: [DONE]`."""
+class StreamedBatch:
+    """The prompts of one streamed request: one response body for all their streams, the end (usage,
+    `[DONE]`) after the last stream ended, and the admin call's session ended after the last record."""
 
     def __init__(
-        self, services: ProxyServices, part: PromptGeneration, body: CompletionRequest,
-        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
-        first: dict[str, Any], on_recorded: Callable[[], Awaitable[None]] | None = None,
+        self, first: GenerationPlan, body: CompletionRequest,
+        on_recorded: Callable[[], Awaitable[None]] | None,
     ) -> None:
         self.body = body
-        self.part = part
-        self._logprobs_sent = [0] * part.plan.n
-        self._offsets = [0] * part.plan.n  # text_offset of each choice's next token
-        super().__init__(services, part.plan, request_json, worker, stream, first, body.stop_strings(),
-                         on_recorded)
+        self.envelope = {"id": first.response_id, "object": TEXT_COMPLETION, "created": first.created,
+                         "model": first.model, "system_fingerprint": None}
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.streams: list[CompletionStream] = []
+        self._on_recorded = on_recorded
+        self._recorded = 0
+        self._ended: list[tuple[PromptGeneration, Sequence[ChoiceResult]]] = []
 
-    def _emit(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
-        payload: dict[str, Any] = {
-            "id": self.plan.response_id, "object": TEXT_COMPLETION, "created": self.plan.created,
-            "model": self.plan.model, "system_fingerprint": None, "choices": choices,
-        }
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        payload: dict[str, Any] = {**self.envelope, "choices": choices}
         if self.body.include_usage:
             payload["usage"] = usage
-        self._queue.put_nowait(sse(payload))
+        return sse(payload)
+
+    async def recorded(self) -> None:
+        self._recorded += 1
+        if self._recorded == len(self.streams) and self._on_recorded is not None:
+            await self._on_recorded()
+
+    def ended(
+        self, part: PromptGeneration, results: Sequence[ChoiceResult], tokenizer: ChatTokenizer
+    ) -> None:
+        """One prompt's stream ended normally; after the last, the usage chunk and `[DONE]`."""
+        self._ended.append((part, results))
+        if len(self._ended) < len(self.streams):
+            return
+        if self.body.include_usage:
+            ended = sorted(self._ended, key=lambda item: item[0].first_index)
+            self.queue.put_nowait(self.chunk([], usage=text_completion(ended, self.body, tokenizer)["usage"]))
+        self.queue.put_nowait(DONE)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The response body, until every stream is done. If the client leaves, stop them all."""
+        remaining = len(self.streams)
+        try:
+            while remaining:
+                item = await self.queue.get()
+                if item is None:
+                    remaining -= 1
+                else:
+                    yield item
+        finally:
+            for stream in self.streams:
+                stream.stop_reading()
+
+
+class CompletionStream(GenerationStream):
+    """One prompt of a streaming text completion: `text_completion` chunks (`choices[].text`), the
+    echoed prompt first when asked, then `finish_reason` chunks (the batch sends usage and `[DONE]`)."""
+
+    def __init__(
+        self, services: ProxyServices, part: PromptGeneration, batch: StreamedBatch,
+        request_json: dict[str, Any], worker: Worker, stream: AsyncGenerator[dict[str, Any], None],
+        first: dict[str, Any],
+    ) -> None:
+        self.body = batch.body
+        self.part = part
+        self.batch = batch
+        self._logprobs_sent = [0] * part.plan.n
+        self._offsets = [0] * part.plan.n  # text_offset of each choice's next token
+        super().__init__(services, part.plan, request_json, worker, stream, first,
+                         self.body.stop_strings(), batch.recorded, batch.queue, part.first_index)
+
+    def _emit(self, choice: dict[str, Any]) -> None:
+        index = self.part.first_index + choice["index"]
+        self._queue.put_nowait(self.batch.chunk([{**choice, "index": index}]))
 
     def _opening(self) -> None:
         if not self.body.echo:
@@ -264,8 +329,8 @@ class CompletionStream(GenerationStream):
                 logprobs, self._offsets[choice.index] = legacy_logprobs(
                     tokenizer, prompt_ids, [None] * len(prompt_ids), None, 0, 0
                 )
-            self._emit([{"index": choice.index, "text": self.part.text, "logprobs": logprobs,
-                         "finish_reason": None}])
+            self._emit({"index": choice.index, "text": self.part.text, "logprobs": logprobs,
+                        "finish_reason": None})
 
     def _take(self, worker_chunk: dict[str, Any]) -> None:
         choice = self._choice_of(worker_chunk)
@@ -283,15 +348,14 @@ class CompletionStream(GenerationStream):
             )
         self._logprobs_sent[choice.index] = max(end, reported)
         self._note_content()
-        self._emit([{"index": choice.index, "text": delta, "logprobs": logprobs, "finish_reason": None}])
+        self._emit({"index": choice.index, "text": delta, "logprobs": logprobs, "finish_reason": None})
 
     def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
-        return text_completion([(self.part, results)], self.body, self.services.tokenizer)
+        own = text_completion([(self.part, results)], self.body, self.services.tokenizer)
+        return {**own, **self.batch.envelope}
 
     def _emit_end(self, results: list[ChoiceResult]) -> None:
         for result in results:
-            self._emit([{"index": result.index, "text": "", "logprobs": None,
-                         "finish_reason": result.finish_reason}])
-        if self.body.include_usage:
-            self._emit([], usage=self._response(results)["usage"])
-        self._queue.put_nowait(DONE)
+            self._emit({"index": result.index, "text": "", "logprobs": None,
+                        "finish_reason": result.finish_reason})
+        self.batch.ended(self.part, results, self.services.tokenizer)

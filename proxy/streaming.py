@@ -99,7 +99,10 @@ class GenerationStream:
         self, services: ProxyServices, plan: GenerationPlan, request_json: dict[str, Any], worker: Worker,
         stream: AsyncGenerator[dict[str, Any], None], first: dict[str, Any], stop_strings: list[str],
         on_recorded: Callable[[], Awaitable[None]] | None = None,
+        queue: asyncio.Queue[bytes | None] | None = None, first_index: int = 0,
     ) -> None:
+        """`queue` is the response body's, shared when several streams make one response (each stream
+        puts None in it when it is done); `first_index` is the response's index of choice 0."""
         self.services = services
         self.plan = plan
         self.request_json = request_json
@@ -108,7 +111,8 @@ class GenerationStream:
         self._stream = stream
         self._first = first
         self._on_recorded = on_recorded
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._first_index = first_index
+        self._queue: asyncio.Queue[bytes | None] = queue if queue is not None else asyncio.Queue()
         self._started = time.perf_counter()
         self._first_content = True
         self._opening()
@@ -145,9 +149,13 @@ class GenerationStream:
             while (item := await self._queue.get()) is not None:
                 yield item
         finally:
-            if not self._reader.done():
-                self.services.metrics.stream_disconnects.inc()
-                self._reader.cancel()
+            self.stop_reading()
+
+    def stop_reading(self) -> None:
+        """The client left: stop reading the worker (the finisher then records what was generated)."""
+        if not self._reader.done():
+            self.services.metrics.stream_disconnects.inc()
+            self._reader.cancel()
 
     async def _read(self) -> None:
         async with contextlib.aclosing(self._stream):
@@ -192,7 +200,7 @@ class GenerationStream:
 
     async def _record(self, results: list[ChoiceResult]) -> bool:
         response = self._response(results)
-        records = completion_records(self.plan, results, self.request_json, response)
+        records = completion_records(self.plan, results, self.request_json, response, self._first_index)
         try:
             await self.services.recorder.record(records)
         except Exception as exc:

@@ -123,6 +123,32 @@ def test_stream_with_n2_echo_and_logprobs_matches_non_stream(proxy: Proxy) -> No
         assert streamed == served.token_logprobs and offsets == served.text_offset
 
 
+def test_streamed_batch_interleaves_prompts_and_records_each_choice(
+    proxy: Proxy, tokenizer: Any
+) -> None:
+    client = proxy.client()
+    prompts = ["Hello there", "Goodbye, old friend"]
+    kwargs: dict[str, Any] = {"model": "m", "prompt": prompts, "n": 2, "max_tokens": 5, "seed": 2}
+    plain = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 20
+    expected_prompts = [tokenizer.encode(prompt) for prompt in prompts]
+    assert chunks[-1].usage.prompt_tokens == sum(len(ids) for ids in expected_prompts)
+    rows = [c for c in proxy.completions() if c.request_json.get("stream")]
+    assert len(rows) == 4
+    by_index = {row.response_json["choices"][0]["index"]: row for row in rows}
+    assert sorted(by_index) == [0, 1, 2, 3]
+    for index in range(4):
+        own = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        text = "".join(c.text for c in own)
+        assert text == plain.choices[index].text
+        assert [c.finish_reason for c in own if c.finish_reason] == ["length"]
+        row = assert_recorded(proxy, by_index[index].id, text)
+        assert row.prompt_ids.tolist() == expected_prompts[index // 2]
+
+
 def test_logprobs_2_in_the_legacy_shape(proxy: Proxy, scripted: ScriptedWorker, tokenizer: Any) -> None:
     response = proxy.client().completions.create(model="m", prompt=PROMPT, max_tokens=7, logprobs=2)
     choice = response.choices[0]
@@ -201,7 +227,6 @@ def test_dropped_stream_records_partial_abort(proxy: Proxy, scripted: ScriptedWo
         ({"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
         ({"model": "m", "prompt": "x", "suffix": "end"}, "suffix"),
         ({"model": "m", "prompt": "x", "n": 2, "best_of": 3}, "best_of"),
-        ({"model": "m", "prompt": ["a", "b"], "stream": True}, "prompt"),
     ],
 )
 def test_bad_bodies_are_400_and_write_nothing(proxy: Proxy, body: dict[str, Any], param: str) -> None:
