@@ -43,7 +43,7 @@ class CompletionRecord:
     """One LLM call as the proxy records it. With `parent_id`, `prompt_ids` holds only the suffix after
     the parent's prompt + output tokens, and `request_json` only the new messages (DESIGN.md §5)."""
 
-    id: str  # chatcmpl-…
+    id: str  # chatcmpl-… (chat) or cmpl-…-<index> (completions)
     session_id: str
     parent_id: str | None
     prompt_ids: IntsLike
