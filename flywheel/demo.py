@@ -21,7 +21,7 @@ from flywheel.stack import start_stack
 DEMO_DEFAULTS = {
     "serving.cpu.num_threads": "1",  # engine and trainer share 2 cores: one thread each
     "trainer.num_threads": "1",
-    "trainer.lr": "3e-5",
+    "trainer.lr": "1e-5",  # 3e-5 collapsed SmolLM2-135M to identical short answers in 20 steps
     "trainer.max_head_offpolicyness": "1",  # the agent's next round overlaps the trainer's step
     "proxy.finalizer.missing_reward": "drop",  # held-out evaluation sessions are never trained on
 }
