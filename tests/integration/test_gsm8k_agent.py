@@ -11,14 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
-from transformers import AutoTokenizer
 
 from integrations.gsm8k import cli
 from integrations.gsm8k.agent import EVAL_METADATA, evaluate, rollout_group
@@ -37,6 +36,7 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- fixtures
     servers_fixture,
 )
 from tests.support import scripted_worker
+from tests.support.text_script import TextScript
 
 FINALIZER = {"sweep_interval_s": 0.2, "reward_grace_s": 0.2, "missing_reward": "drop"}
 MODES = ("right_hashes", "right_words", "wrong_hashes")
@@ -51,34 +51,14 @@ def scripted_answer(problem: Problem, mode: str) -> str:
     return f"I guess.\n#### {gold + 1}"
 
 
-class Solver:
-    """The worker's token function: decodes the prompt, finds the question, and spells out that
-    question's scripted answer with the served tokenizer, then <|im_end|>. `text` gives the worker the
-    text of a token (it otherwise writes one letter a token)."""
+def solver(model_dir: Path, answers: dict[str, str]) -> TextScript:
+    """Finds the question in the rendered prompt and spells out that question's scripted answer."""
 
-    def __init__(self, model_dir: Path, answers: dict[str, str]) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.answers = answers
-        self._cache: dict[tuple[int, ...], list[int]] = {}
-        self._lock = threading.Lock()
+    def reply(prompt: str) -> str:
+        user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        return answers.get(user.strip(), "no idea")
 
-    def output_ids(self, prompt_ids: Sequence[int]) -> list[int]:
-        key = tuple(prompt_ids)
-        with self._lock:
-            if key not in self._cache:
-                prompt = self.tokenizer.decode(list(prompt_ids))
-                user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
-                text = self.answers.get(user.strip(), "no idea")
-                self._cache[key] = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos]
-            return self._cache[key]
-
-    def text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def __call__(self, prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
-        ids = self.output_ids(prompt_ids)
-        return ids[min(position, len(ids) - 1)]
+    return TextScript(model_dir, reply)
 
 
 @pytest.fixture(name="problems")
@@ -97,9 +77,9 @@ def proxy_fixture(
     modes: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Proxy]:
     answers = {p.question: scripted_answer(p, modes[p.question]) for p in problems}
-    solver = Solver(tiny_model_dir, answers)
-    monkeypatch.setattr(scripted_worker, "token_text", solver.text)
-    worker = servers.start_scripted(token_fn=solver, eos_token_id=solver.eos)
+    script = solver(tiny_model_dir, answers)
+    monkeypatch.setattr(scripted_worker, "token_text", script.text)
+    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
     yield proxies.start([worker.url], finalizer=FINALIZER)
     servers.call(worker.stop())
 

@@ -6,13 +6,11 @@ completion keeps the exact generated tokens, markup included."""
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
     LoopThread,
@@ -23,6 +21,7 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
 )
 from tests.support import scripted_worker
 from tests.support.scripted_worker import ScriptedWorker
+from tests.support.text_script import TextScript
 
 TOOLS = [{
     "type": "function",
@@ -41,49 +40,19 @@ ANSWER = "Paris is 21 and Oslo is 12 degrees."
 QUESTION = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
 
 
-class Script:
-    """The worker's token function: the reply to the rendered prompt, spelled with the served tokenizer,
-    then <|im_end|>. Tool results in the prompt get the answer; otherwise the model calls tools."""
-
-    def __init__(self, model_dir: Path, reply: Callable[[str], str]) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.reply = reply
-        self.prompts: list[str] = []
-        self._cache: dict[tuple[int, ...], list[int]] = {}
-        self._lock = threading.Lock()
-
-    def output_ids(self, prompt_ids: Sequence[int]) -> list[int]:
-        key = tuple(prompt_ids)
-        with self._lock:
-            if key not in self._cache:
-                prompt = self.tokenizer.decode(list(prompt_ids))
-                self.prompts.append(prompt)
-                text = self.reply(prompt)
-                self._cache[key] = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos]
-            return self._cache[key]
-
-    def text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def __call__(self, prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
-        ids = self.output_ids(prompt_ids)
-        return ids[min(position, len(ids) - 1)]
-
-
 def tool_agent_reply(prompt: str) -> str:
     return ANSWER if "<tool_response>" in prompt else CALLS
 
 
 @pytest.fixture(name="script")
-def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Script:
-    script = Script(tiny_model_dir, tool_agent_reply)
+def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
+    script = TextScript(tiny_model_dir, tool_agent_reply)
     monkeypatch.setattr(scripted_worker, "token_text", script.text)
     return script
 
 
 @pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: Script) -> Iterator[ScriptedWorker]:
+def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
     worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
     yield worker
     servers.call(worker.stop())
@@ -123,7 +92,7 @@ def name_and_arguments(calls: Sequence[Any]) -> list[tuple[str, Any]]:
 EXPECTED_CALLS = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo", "unit": "celsius"})]
 
 
-def test_non_stream_tool_call_round_trip(proxy: Proxy, script: Script) -> None:
+def test_non_stream_tool_call_round_trip(proxy: Proxy, script: TextScript) -> None:
     client = proxy.client()
     first = client.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)  # type: ignore[arg-type]
     choice = first.choices[0]
@@ -151,7 +120,7 @@ def test_non_stream_tool_call_round_trip(proxy: Proxy, script: Script) -> None:
 
 
 def test_streamed_tool_call_equals_the_non_streamed_one_and_records_exact_tokens(
-    proxy: Proxy, script: Script
+    proxy: Proxy, script: TextScript
 ) -> None:
     client = proxy.client()
     whole = client.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)  # type: ignore[arg-type]
@@ -177,7 +146,7 @@ def test_streamed_tool_call_equals_the_non_streamed_one_and_records_exact_tokens
     assert row.response_json["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_stream_logprobs_with_bytes_equal_the_non_streamed_ones(proxy: Proxy, script: Script) -> None:
+def test_stream_logprobs_with_bytes_equal_the_non_streamed_ones(proxy: Proxy, script: TextScript) -> None:
     """Tokens whose text the parser holds back still get their logprobs, once each and in order."""
     client = proxy.client()
     kwargs: dict[str, Any] = {
@@ -208,7 +177,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(proxy: Proxy) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_choice_none_gives_plain_content_and_no_tools_in_the_prompt(
-    proxy: Proxy, script: Script, stream: bool
+    proxy: Proxy, script: TextScript, stream: bool
 ) -> None:
     client = proxy.client()
     kwargs: dict[str, Any] = {"model": "m", "messages": QUESTION, "tools": TOOLS, "tool_choice": "none"}
@@ -237,7 +206,7 @@ def test_required_and_named_tool_choice_are_accepted_and_parsed(proxy: Proxy, to
 def test_reasoning_content_when_configured(
     proxies: ProxyFactory, servers: LoopThread, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = Script(tiny_model_dir, lambda prompt: THINKING + tool_agent_reply(prompt))
+    script = TextScript(tiny_model_dir, lambda prompt: THINKING + tool_agent_reply(prompt))
     monkeypatch.setattr(scripted_worker, "token_text", script.text)
     worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
     try:

@@ -1,0 +1,40 @@
+"""A token function for the scripted worker that spells a reply to the rendered prompt with the served
+tokenizer, then <|im_end|>: tests script what the "model" says while every token id stays real."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+
+class TextScript:
+    """`reply(prompt_text) -> answer_text`; pass the instance as the scripted worker's `token_fn` and
+    `text` as its `token_text`. Every prompt seen is kept in `prompts`."""
+
+    def __init__(self, model_dir: Path, reply: Callable[[str], str]) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.reply = reply
+        self.prompts: list[str] = []
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+        self._lock = threading.Lock()
+
+    def output_ids(self, prompt_ids: Sequence[int]) -> list[int]:
+        key = tuple(prompt_ids)
+        with self._lock:
+            if key not in self._cache:
+                prompt = self.tokenizer.decode(list(prompt_ids))
+                self.prompts.append(prompt)
+                text = self.reply(prompt)
+                self._cache[key] = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos]
+            return self._cache[key]
+
+    def text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def __call__(self, prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
+        ids = self.output_ids(prompt_ids)
+        return ids[min(position, len(ids) - 1)]
