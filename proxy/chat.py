@@ -68,8 +68,18 @@ async def create_chat_completion(
         return StreamingResponse(
             chat_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
+    return await answer_json(_complete(services, plan, body, request_json), end_call_session, headers)
+
+
+async def answer_json(
+    complete: Awaitable[dict[str, Any]],
+    end_call_session: Callable[[], Awaitable[None]] | None,
+    headers: dict[str, str],
+) -> Response:
+    """Await the recorded response object and answer it as JSON; an admin call's one-off session is
+    ended whether or not that worked."""
     try:
-        response_json = await _complete(services, plan, body, request_json)
+        response_json = await complete
     finally:
         if end_call_session is not None:
             await end_call_session()

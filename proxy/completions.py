@@ -24,7 +24,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import msgspec
 from fastapi import Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -33,6 +32,7 @@ from proxy.balancer import Worker
 from proxy.chat import (
     SESSION_HEADER,
     SSE_HEADERS,
+    answer_json,
     count_generated,
     open_call_session,
     parse_request_json,
@@ -103,12 +103,7 @@ async def create_completion(
         return StreamingResponse(
             batch.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
-    try:
-        response_json = await _complete(services, parts, body, request_json)
-    finally:
-        if end_call_session is not None:
-            await end_call_session()
-    return Response(msgspec.json.encode(response_json), media_type="application/json", headers=headers)
+    return await answer_json(_complete(services, parts, body, request_json), end_call_session, headers)
 
 
 async def _open_streams(
