@@ -159,7 +159,7 @@ def completion_records(
 
 
 def _own_choice(response_json: dict[str, Any], index: int) -> dict[str, Any]:
-    if len(response_json["choices"]) <= 1:
+    if len(response_json.get("choices", ())) <= 1:  # a Responses API object has no choices
         return response_json
     own = [choice for choice in response_json["choices"] if choice["index"] == index]
     return {**response_json, "choices": own}
