@@ -1,12 +1,17 @@
 """Hermes/Qwen tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per
 call (several blocks are parallel calls). A block whose JSON is not a call stays content, as does an
-unterminated block; whitespace between content and call blocks is dropped."""
+unterminated block.
+
+Content is the text as the model wrote it minus the call blocks, with two rules where a block was cut:
+whitespace between a block and the start or end of the content is dropped (it only separated text from
+markup, and chat templates put it back when the message is rendered again), and text on both sides of a
+block keeps the whitespace it had there, or one space where it had none (so words never merge)."""
 
 from __future__ import annotations
 
 import json
 
-from proxy.parsers.base import ContentDelta, ParsedToolCall, ToolCallDelta, TrimmedText, held_prefix_length
+from proxy.parsers.base import ContentDelta, ParsedToolCall, ToolCallDelta, held_prefix_length
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -31,11 +36,45 @@ def read_call(inner: str) -> ParsedToolCall | None:
     return ParsedToolCall(payload["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+class CutText:
+    """The content rule of the module docstring, applied incrementally: `add` text outside call blocks,
+    `cut` where a block was, `finish` once. Whitespace waits until the next text or the end shows which
+    rule applies to it, so any chunking of the same text gives the same content."""
+
+    def __init__(self) -> None:
+        self._pending = ""  # whitespace not sent yet
+        self._said = False  # some non-whitespace text was sent
+        self._cut = False  # a block was cut since the last non-whitespace text
+
+    def add(self, text: str) -> str:
+        body = text.lstrip()
+        self._pending += text[:len(text) - len(body)]
+        if not body:
+            return ""
+        kept = body.rstrip()
+        if self._said:
+            lead = self._pending or (" " if self._cut else "")
+        else:  # the content's start: whitespace before a cut block is dropped
+            lead = "" if self._cut else self._pending
+        self._pending = body[len(kept):]
+        self._said, self._cut = True, False
+        return lead + kept
+
+    def cut(self) -> None:
+        self._cut = True
+
+    def finish(self) -> str:
+        """The text ends: trailing whitespace stays unless a block came after the last text."""
+        pending, self._pending = self._pending, ""
+        return "" if self._cut else pending
+
+
 class HermesParser:
     """`proxy.tool_call_parser: hermes`."""
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         calls: list[ParsedToolCall] = []
+        content = CutText()
         pieces: list[str] = []
         piece_start = 0
         search = 0
@@ -47,13 +86,14 @@ class HermesParser:
             call = read_call(text[start + len(OPEN):end])
             if call is None:
                 continue  # malformed: the block stays in the current piece of content
-            piece = text[piece_start:start].rstrip()
-            pieces.append(piece.lstrip() if calls else piece)
+            pieces.append(content.add(text[piece_start:start]))
+            content.cut()
             calls.append(call)
             piece_start = search
         if not calls:
             return text, []
-        pieces.append(text[piece_start:].lstrip())
+        pieces.append(content.add(text[piece_start:]))
+        pieces.append(content.finish())
         return "".join(pieces) or None, calls
 
     def stream(self) -> HermesStream:
@@ -67,7 +107,7 @@ class HermesStream:
         self._buffer = ""
         self._in_block = False
         self._calls = 0
-        self._content = TrimmedText(strip_start=False)
+        self._content = CutText()
 
     def feed(self, text: str) -> list[ContentDelta | ToolCallDelta]:
         self._buffer += text
@@ -93,7 +133,7 @@ class HermesStream:
             if call is None:
                 self._add_content(OPEN + inner + CLOSE, events)
                 continue
-            self._content.cut(strip_next_start=True)
+            self._content.cut()
             events.append(ToolCallDelta(self._calls, call))
             self._calls += 1
 
@@ -101,7 +141,7 @@ class HermesStream:
         events: list[ContentDelta | ToolCallDelta] = []
         self._add_content((OPEN if self._in_block else "") + self._buffer, events)
         self._buffer, self._in_block = "", False
-        if tail := self._content.flush():
+        if tail := self._content.finish():
             events.append(ContentDelta(tail))
         return events
 

@@ -69,8 +69,27 @@ def test_hermes_unterminated_tag_stays_content() -> None:
 
 def test_hermes_mixed_calls_malformed_blocks_and_text() -> None:
     content, calls = HERMES.parse(MIXED)
-    assert content == "  Leadmid <tool_call>not json</tool_call>tail  "  # pieces join as they are
+    # Whitespace around a cut block is kept as written; only a malformed block stays in the content.
+    assert content == "  Lead   mid <tool_call>not json</tool_call>\n\n tail  "
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"q": "ü <tool_call>"}), ("b", {})]
+
+
+BETWEEN = "I'll look.\n" + ONE_CALL + "\nThen Oslo:\n" + block("b", {}) + "\n"
+GLUED = "a" + ONE_CALL + "b" + block("b", {}) + block("c", {}) + "c"
+
+
+@pytest.mark.parametrize(("text", "content"), [
+    (BETWEEN, "I'll look.\n\nThen Oslo:"),  # text between calls keeps its own whitespace
+    (GLUED, "a b c"),  # text glued to a block gets one space there, never merged words
+    ("\n  " + ONE_CALL + "  after", "after"),  # whitespace at the content's edges only separated markup
+    ("before \n" + ONE_CALL + " \n", "before"),
+    (" lead " + ONE_CALL + " \n mid\t" + ONE_CALL + " tail ", " lead  \n mid\t tail "),
+])
+def test_hermes_content_is_the_text_minus_the_call_blocks(text: str, content: str) -> None:
+    parsed_content, calls = HERMES.parse(text)
+    assert parsed_content == content
+    assert calls and all(c.name for c in calls)
+    assert assembled(PARSERS["hermes"], list(text)) == ParsedOutput(content, "", calls)
 
 
 def test_none_parser_leaves_markup_as_content() -> None:
@@ -136,7 +155,8 @@ PARSERS = {
     "one call": OutputParser(HERMES, max_tool_calls=1),
 }
 TEXTS = [ONE_CALL, TWO_CALLS, CONTENT_FIRST, MALFORMED, UNTERMINATED, MIXED, THINKING,
-         THINKING + "\n" + TWO_CALLS, "<thi", "  <think>x</thi", "plain text  \n"]
+         THINKING + "\n" + TWO_CALLS, "<thi", "  <think>x</thi", "plain text  \n", BETWEEN, GLUED,
+         " \n" + ONE_CALL + " \n" + MALFORMED + ONE_CALL + "x " + UNTERMINATED]
 
 
 @pytest.mark.parametrize("parser_name", list(PARSERS))
@@ -179,3 +199,25 @@ def test_proxy_config_refuses_unknown_parsers_at_start_up() -> None:
     with pytest.raises(ValidationError, match="valid: deepseek-r1, qwen3"):
         ProxyConfig(reasoning_parser="r2")
     assert ProxyConfig().tool_call_parser == "hermes" and ProxyConfig().reasoning_parser is None
+
+
+OTHER_CALL = block("b", {"k": " v "})
+
+
+def random_text(rng: random.Random) -> str:
+    """Words, whitespace, call blocks and malformed blocks in random order."""
+    parts = ["word", "two words", " ", "\n", "\t ", ONE_CALL, OTHER_CALL, "<tool_call>x</tool_call>"]
+    return "".join(rng.choice(parts) for _ in range(rng.randint(1, 8)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_texts_keep_every_word_and_stream_as_parsed(seed: int) -> None:
+    rng = random.Random(seed)
+    text = random_text(rng)
+    content, calls = HERMES.parse(text)
+    without_calls = text.replace(ONE_CALL, " ").replace(OTHER_CALL, " ")
+    assert (content or "").split() == without_calls.split()  # nothing lost, no two words merged
+    assert len(calls) == text.count(ONE_CALL) + text.count(OTHER_CALL)
+    expected = normalised(PARSERS["hermes"].parse(text))
+    for chunks in chunkings(text, rng) if len(text) > 1 else [[text]]:
+        assert assembled(PARSERS["hermes"], chunks) == expected, chunks
