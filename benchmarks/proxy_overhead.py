@@ -1,0 +1,302 @@
+"""Proxy overhead: p50/p99 added latency and requests/s at 1, 16 and 64 concurrent clients, streaming and
+not, for (a) a zero-latency scripted worker called directly (its OpenAI route, the baseline, and its SGLang
+`/generate`), (b) a bare aiohttp passthrough (the floor any Python proxy pays), (c) Flywheel's proxy with
+recording on, on SQLite and on a scratch Postgres database, and (d) LiteLLM's proxy, each proxy in front of
+the same worker.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--only flywheel-sqlite,passthrough,...]
+        [--seconds 5] [--clients 1,16,64] [--max-tokens 8] [--json out.json]
+
+Every server runs in its own process, started and stopped here (ports freed, the Postgres database
+dropped); Flywheel is started as `flywheel proxy` runs it (uvicorn, migrated database, session keys from
+the RL API, one session per client). The load generator (closed-loop aiohttp clients) runs in this
+process. Added latency = the stack's percentile minus the worker's own at the same concurrency and mode.
+Every Flywheel answer is checked to be a recorded completion. Targets (issue 4): p50 added <= 1 ms at 1
+client; at 16 clients >= 10x LiteLLM's and >= 30% of the passthrough's requests/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.overhead import stacks
+from benchmarks.overhead.load import Measurement, Target, chat_target, generate_target, measure
+
+STACKS = ("worker", "worker-generate", "passthrough", "flywheel-sqlite", "flywheel-postgres", "litellm")
+BASELINE = "worker"
+FLYWHEEL = ("flywheel-sqlite", "flywheel-postgres")
+
+
+@dataclass
+class Row:
+    stack: str
+    stream: bool
+    clients: int
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    ok: int
+    errors: int
+    first_error: str | None
+    p50_added_ms: float = math.nan
+    p99_added_ms: float = math.nan
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    rows: list[Row] = field(default_factory=list)
+    recorded: dict[str, dict[str, int]] = field(default_factory=dict)
+    load: list[str] = field(default_factory=list)
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _sweep(run: Run, name: str, target: Callable[[bool], Target]) -> int:
+    """Measure `name` at every concurrency, non-streaming then streaming; the successful requests."""
+    total = 0
+    for stream in (False, True):
+        for clients in run.args.clients:
+            result: Measurement = measure(target(stream), clients, run.args.seconds, run.args.warmup, stream)
+            total += result.total_ok
+            run.rows.append(
+                Row(
+                    name,
+                    stream,
+                    clients,
+                    result.rate,
+                    result.percentile(50),
+                    result.percentile(99),
+                    result.ok,
+                    result.errors,
+                    result.first_error,
+                )
+            )
+            print(
+                f"  {name:<18} stream={stream!s:<5} clients={clients:<3} {result.rate:8.0f} req/s  "
+                f"p50 {result.percentile(50):7.2f} ms  p99 {result.percentile(99):7.2f} ms  "
+                f"errors {result.errors}",
+                flush=True,
+            )
+    return total
+
+
+def _stack(run: Run, name: str, worker_url: str, logs: Path) -> None:
+    args = run.args
+    run.load.append(f"before {name}: {_uptime()}")
+    if name == "worker":
+        _sweep(run, name, lambda s: chat_target(worker_url, stacks.BENCH_MODEL, args.max_tokens, s, ()))
+    elif name == "worker-generate":
+        _sweep(run, name, lambda s: generate_target(worker_url, args.max_tokens, s))
+    elif name == "passthrough":
+        with stacks.passthrough(logs, worker_url) as url:
+            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, ()))
+    elif name == "litellm":
+        with stacks.litellm_proxy(logs, worker_url) as url:
+            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, ("none",)))
+    else:
+        database: Callable[[], AbstractContextManager[str]] = (
+            stacks.sqlite_database if name == "flywheel-sqlite" else stacks.postgres_database
+        )
+        with database() as db_url:
+            sessions = max(args.clients)
+            with stacks.flywheel_proxy(logs, db_url, worker_url, sessions, args.model) as (url, keys):
+                answered = _sweep(run, name, lambda s: chat_target(url, args.model, args.max_tokens, s, keys))
+            # Counted after the proxy stopped (a stream's record may still be in flight as it answers).
+            run.recorded[name] = {"answered": answered, "recorded": stacks.count_completions(db_url)}
+
+
+def _added(run: Run) -> None:
+    base = {(r.stream, r.clients): r for r in run.rows if r.stack == BASELINE}
+    for row in run.rows:
+        ref = base.get((row.stream, row.clients))
+        if ref is not None and row.stack != BASELINE:
+            row.p50_added_ms = row.p50_ms - ref.p50_ms
+            row.p99_added_ms = row.p99_ms - ref.p99_ms
+
+
+def _rate(run: Run, stack: str, stream: bool, clients: int) -> float | None:
+    for row in run.rows:
+        if (row.stack, row.stream, row.clients) == (stack, stream, clients):
+            return row.rate
+    return None
+
+
+def verdicts(run: Run) -> list[dict[str, object]]:
+    """Each target, for each Flywheel stack and mode measured: the figure, the bound, met or not."""
+    out: list[dict[str, object]] = []
+    for stack in FLYWHEEL:
+        for stream in (False, True):
+            mode = "stream" if stream else "non-stream"
+            one = next((r for r in run.rows if (r.stack, r.stream, r.clients) == (stack, stream, 1)), None)
+            if one is not None and not math.isnan(one.p50_added_ms):
+                out.append(
+                    {
+                        "stack": stack,
+                        "mode": mode,
+                        "target": "p50 added @1 client <= 1 ms",
+                        "value": round(one.p50_added_ms, 3),
+                        "met": one.p50_added_ms <= 1.0,
+                    }
+                )
+            ours = _rate(run, stack, stream, 16)
+            for peer, factor, label in (
+                ("litellm", 10.0, ">= 10x LiteLLM req/s @16"),
+                ("passthrough", 0.3, ">= 30% of passthrough req/s @16"),
+            ):
+                theirs = _rate(run, peer, stream, 16)
+                if ours is not None and theirs:
+                    out.append(
+                        {
+                            "stack": stack,
+                            "mode": mode,
+                            "target": label,
+                            "value": round(ours / theirs, 3),
+                            "met": ours >= factor * theirs,
+                        }
+                    )
+    return out
+
+
+def markdown(run: Run) -> str:
+    args = run.args
+    lines = [
+        f"Proxy overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: zero-latency worker, "
+        f"max_tokens={args.max_tokens}, {args.seconds:g} s per cell after {args.warmup:g} s warm-up, "
+        f"{os.cpu_count()} CPUs.",
+        "",
+        "| stack | mode | clients | req/s | p50 ms | p99 ms | p50 added ms | p99 added ms | errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in run.rows:
+        lines.append(
+            f"| {r.stack} | {'stream' if r.stream else 'json'} | {r.clients} | {r.rate:,.0f} | "
+            f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {_fmt(r.p50_added_ms)} | {_fmt(r.p99_added_ms)} | "
+            f"{r.errors} |"
+        )
+    lines += ["", "| target | stack | mode | value | met |", "| --- | --- | --- | ---: | --- |"]
+    for v in verdicts(run):
+        lines.append(
+            f"| {v['target']} | {v['stack']} | {v['mode']} | {v['value']} | {'yes' if v['met'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        "Notes:",
+        "- Processes: the worker, the stack under test and this load generator (one Python process) "
+        "share the CPUs; on 2 cores they compete, so the worker-direct rows are bounded by the load "
+        "generator and every proxy row by three busy processes on two cores.",
+        "- Added latency is against the worker's own /v1/chat/completions at the same concurrency "
+        "and mode (worker-generate: its /generate, the protocol Flywheel speaks upstream).",
+        "- Flywheel records every completion (group commit) before a non-streaming answer is released.",
+    ]
+    for name, counts in run.recorded.items():
+        lines.append(f"- {name}: {counts['answered']} answers, {counts['recorded']} completions recorded.")
+    lines += [f"- load: {entry}" for entry in run.load]
+    first_errors = {r.stack: r.first_error for r in run.rows if r.first_error}
+    lines += [f"- first error on {stack}: {error}" for stack, error in first_errors.items()]
+    return "\n".join(lines)
+
+
+def _fmt(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:+.2f}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2 s per cell, 1 and 16 clients")
+    parser.add_argument(
+        "--only", default=",".join(STACKS), help=f"comma-separated stacks of: {', '.join(STACKS)}"
+    )
+    parser.add_argument("--seconds", type=float, default=None, help="measured seconds per cell (default 5)")
+    parser.add_argument(
+        "--warmup", type=float, default=None, help="untimed seconds before each cell (default 1)"
+    )
+    parser.add_argument("--clients", default=None, help="concurrency levels (default 1,16,64)")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--model", default="tiny", help="whose tokenizer and chat template Flywheel uses")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/proxy_overhead.json"))
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 5.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
+    args.clients = [int(c) for c in (args.clients or ("1,16" if args.quick else "1,16,64")).split(",")]
+    args.only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(args.only) - set(STACKS))
+    if unknown:
+        parser.error(f"unknown stack(s) {', '.join(unknown)}; choose from {', '.join(STACKS)}")
+    # The baseline first, so every other row has its added latency.
+    args.only = [name for name in STACKS if name in args.only]
+    return args
+
+
+@contextmanager
+def _logs() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as scratch:
+        yield Path(scratch)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run = Run(parse_args(argv))
+    run.load.append(f"start: {_uptime()}")
+    with _logs() as logs:
+        try:
+            with stacks.worker(logs) as worker_url:
+                for name in run.args.only:
+                    print(f"{name}:", flush=True)
+                    _stack(run, name, worker_url, logs)
+        except Exception:
+            for log in sorted(logs.glob("*.log")):
+                print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+            raise
+    run.load.append(f"end: {_uptime()}")
+    _added(run)
+    table = markdown(run)
+    print()
+    print(table)
+    args = run.args
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "config": {
+                    "seconds": args.seconds,
+                    "warmup": args.warmup,
+                    "clients": args.clients,
+                    "max_tokens": args.max_tokens,
+                    "model": args.model,
+                    "stacks": args.only,
+                    "cpus": os.cpu_count(),
+                },
+                "rows": [
+                    {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(r).items()}
+                    for r in run.rows
+                ],
+                "targets": verdicts(run),
+                "recorded": run.recorded,
+                "load": run.load,
+                "markdown": table,
+            },
+            indent=2,
+        )
+    )
+    print(f"\n(written to {args.json})")
+
+
+if __name__ == "__main__":
+    main()
