@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.balancer import health_checks
 from proxy.config import ProxyConfig
 from proxy.errors import REQUEST_ID_HEADER, install_error_handlers
 from proxy.openai_routes import build_openai_router
@@ -37,7 +38,9 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with build_services(proxy, storage, serving) as services:
             app.state.services = services
-            yield
+            configure_routing(services, proxy)
+            async with health_checks(services.balancer, proxy.health_check_interval_s):
+                yield
 
     app = FastAPI(title="Flywheel proxy", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
@@ -48,6 +51,17 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     return app
+
+
+def configure_routing(services: ProxyServices, proxy: ProxyConfig) -> None:
+    """The balancer's sticky-routing and resume settings from config, and the tokenizer's decode (to
+    rejoin text a resumed generation split inside a character)."""
+    balancer = services.balancer
+    balancer.policy.sticky_slack = proxy.sticky_slack
+    balancer.policy.sticky_sessions_max = proxy.sticky_sessions_max
+    balancer.policy.resume_max_attempts = proxy.resume_max_attempts
+    balancer.policy.resume_timeout_s = proxy.resume_timeout_s
+    balancer.decode = services.tokenizer.decode
 
 
 async def metrics(services: Annotated[ProxyServices, Depends(get_services)]) -> Response:

@@ -115,9 +115,8 @@ async def _open_streams(
         for part in parts:
             opened.append(await open_stream(services.balancer, part.plan))
     except OpenAIError:
-        for worker, stream, _first in opened:
-            await stream.aclose()  # closing the connection aborts the generation on the worker
-            services.balancer.release(worker)
+        for _worker, stream, _first in opened:
+            await stream.aclose()  # closes the worker connection (aborting there) and ends the lease
         raise
     return opened
 

@@ -34,7 +34,22 @@ class ProxyConfig(BaseModel):
     """Render and tokenize prompts of more characters than this in a worker thread, so long prompts
     do not stall the event loop; shorter ones are faster inline."""
     worker_failure_cooldown_s: float = Field(5.0, ge=0)
-    """After a connection failure a worker is tried last for this long."""
+    """Without health checks (`health_check_interval_s: 0`), a worker whose call failed is out of rotation
+    (tried last) for this long."""
+    health_check_interval_s: float = Field(2.0, ge=0)
+    """Seconds between `GET /health` polls of every worker. A worker failing one (or a call to it failing:
+    connection refused or dropped, a 5xx) is out of rotation until a poll passes. 0 disables polling:
+    a failed worker then comes back after `worker_failure_cooldown_s`."""
+    sticky_slack: int = Field(4, ge=0)
+    """Sticky routing: a session's calls go to the worker that served it last (its prefix cache) unless
+    that worker is down or runs more than this many requests beyond the least busy worker."""
+    sticky_sessions_max: int = Field(100_000, ge=1)
+    """Sessions whose worker is remembered for sticky routing; the least recently used are forgotten."""
+    resume_max_attempts: int = Field(20, ge=0)
+    """A generation interrupted by a weight push (finish_reason abort) or a lost worker is re-issued as
+    prompt + tokens so far at most this many times (per choice); then it is recorded as aborted."""
+    resume_timeout_s: float = Field(600.0, ge=0)
+    """Longest time spent re-issuing one interrupted choice (waiting while workers are paused)."""
     key_cache_ttl_s: float = Field(2.0, ge=0)
     """How long a key found valid is trusted without asking the database again. Sessions ended or
     keys rebound through this proxy's RL API stop working at once regardless; a change made by

@@ -48,6 +48,12 @@ class GenerationPlan:
     top_k: int
     output: OutputParser = PLAIN_TEXT
     """How each choice's text becomes the response's message (tool calls, reasoning)."""
+    parent_id: str | None = None
+    """The completion this call's conversation extends (proxy/conversations.py); None for a root."""
+    prefix_len: int = 0
+    """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
+    branched: bool = False
+    """The client changed its session's history, so this call starts a new branch."""
 
     @property
     def n(self) -> int:
@@ -168,48 +174,38 @@ def plan_generation(
 
 
 async def generate(balancer: Balancer, plan: GenerationPlan) -> list[ChoiceResult]:
-    """Non-streaming generation on the best worker, failing over to the next on a connection error."""
-    for worker in balancer.candidates():
-        with balancer.lease(worker):
-            try:
-                output = await worker.client.generate(plan.worker_request)
-            except WorkerConnectionError:
-                balancer.mark_failed(worker, "connect")
-                continue
-            except WorkerError as exc:
-                raise worker_error(exc) from exc
-        balancer.mark_ok(worker)
-        outputs = output if isinstance(output, list) else [output]
-        if len(outputs) != plan.n:
-            raise worker_error(WorkerProtocolError(f"asked for {plan.n} samples, got {len(outputs)}"))
-        return [read_choice(item, index, final=True) for index, item in enumerate(outputs)]
-    raise no_worker_error(balancer)
+    """Non-streaming generation on the best worker for the plan's session: re-issued on another worker
+    when one is lost, and aborted choices (a weight push) resumed as prompt + tokens so far."""
+    from proxy.resume import generate_outputs  # resume.py builds on this module
+
+    outputs = await generate_outputs(balancer, plan)
+    if len(outputs) != plan.n:
+        raise worker_error(WorkerProtocolError(f"asked for {plan.n} samples, got {len(outputs)}"))
+    return [read_choice(item, index, final=True) for index, item in enumerate(outputs)]
 
 
 async def open_stream(
     balancer: Balancer, plan: GenerationPlan
 ) -> tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]:
-    """Start a streaming generation: the worker (leased until `balancer.release`), the stream, and its
-    first chunk. Fails over to the next worker while nothing has been generated."""
-    for worker in balancer.candidates():
-        balancer.acquire(worker)
-        opened = worker.client.generate_stream(plan.worker_request)
-        stream = cast(AsyncGenerator[dict[str, Any], None], opened)
-        try:
-            first = await anext(stream)
-        except WorkerConnectionError:
-            balancer.release(worker)
-            balancer.mark_failed(worker, "connect")
-            continue
-        except StopAsyncIteration:
-            balancer.release(worker)
-            raise worker_error(WorkerProtocolError("the stream ended before its first chunk")) from None
-        except WorkerError as exc:
-            balancer.release(worker)
-            raise worker_error(exc) from exc
-        balancer.mark_ok(worker)
-        return worker, stream, first
-    raise no_worker_error(balancer)
+    """Start a streaming generation: the worker it started on, the stream (a `ResumingStream`: it holds
+    the worker lease until closed, fails over while nothing was generated and resumes choices a weight
+    push aborted or a lost worker cut off), and its first chunk."""
+    from proxy.resume import ResumingStream  # resume.py builds on this module
+
+    stream = ResumingStream(balancer, plan)
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        await stream.aclose()
+        raise worker_error(WorkerProtocolError("the stream ended before its first chunk")) from None
+    except WorkerError as exc:
+        await stream.aclose()
+        raise worker_error(exc) from exc
+    except BaseException:
+        await stream.aclose()
+        raise
+    assert stream.worker is not None
+    return stream.worker, cast(AsyncGenerator[dict[str, Any], None], stream), first
 
 
 def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceResult:

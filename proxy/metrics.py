@@ -50,6 +50,32 @@ class ProxyMetrics:
         self.record_failures = Counter(
             "flywheel_proxy_record_failures", "Completions that could not be written", registry=self.registry
         )
+        self.worker_up = Gauge(
+            "flywheel_proxy_worker_up", "1 while a worker is in rotation, 0 while it is out", ["worker"],
+            registry=self.registry,
+        )
+        self.sticky_routing = Counter(
+            "flywheel_proxy_sticky_routing", "Routing decisions for sessions: hit (back to the session's "
+            "worker), miss (that worker down or too busy), new (no worker yet)", ["result"],
+            registry=self.registry,
+        )
+        self.resumes = Counter(
+            "flywheel_proxy_generation_resumes", "Generations re-issued as prompt + tokens so far, by cause "
+            "(abort: a weight push paused the worker; lost: the worker failed mid-request)", ["cause"],
+            registry=self.registry,
+        )
+        self.conversation_turns = Counter(
+            "flywheel_proxy_conversation_turns",
+            "Chat calls of sessions by how their prompt was built: chained onto an earlier completion, a "
+            "new root, or a branch (the client changed the session's history)",
+            ["kind"], registry=self.registry,
+        )
+        self.conversation_drift = Counter(
+            "flywheel_proxy_conversation_drift",
+            "Chained prompts that differ from a fresh render of the same messages (a template that "
+            "rewrites history, or retokenization drift the chaining avoided)",
+            registry=self.registry,
+        )
         self.stream_disconnects = Counter(
             "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
             registry=self.registry,

@@ -32,6 +32,7 @@ from proxy.responses import (
     tool_call_id,
     usage,
 )
+from proxy.resume import ResumingStream
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices
 from serving.errors import WorkerError
@@ -171,8 +172,23 @@ class GenerationStream:
             logger.exception("stream %s could not be finished", self.plan.response_id)
             self._fail(None, exc)
         finally:
-            self.services.balancer.release(self.worker)
+            await self._release_worker()
             self._queue.put_nowait(None)
+
+    async def _release_worker(self) -> None:
+        """A `ResumingStream` holds its own worker lease (closing it again is harmless); a bare worker
+        stream's lease is the balancer's."""
+        if isinstance(self._stream, ResumingStream):
+            await self._stream.aclose()
+        else:
+            self.services.balancer.release(self.worker)
+
+    @property
+    def current_worker(self) -> Worker:
+        """The worker generating now (a resumed stream may have moved to another)."""
+        if isinstance(self._stream, ResumingStream) and self._stream.worker is not None:
+            return self._stream.worker
+        return self.worker
 
     async def _conclude(self) -> None:
         aborted = self._reader.cancelled()
@@ -225,12 +241,13 @@ class GenerationStream:
         """Closing the connection already aborts on SGLang; say it explicitly too, per sample."""
         rids = {c.last["meta_info"].get("id") for c in self.choices
                 if c.last is not None and not c.finished and c.last.get("meta_info")}
+        worker = self.current_worker
         for rid in filter(None, rids):
             try:
                 async with asyncio.timeout(_ABORT_TIMEOUT_S):
-                    await self.worker.client.abort_request(rid=rid)
+                    await worker.client.abort_request(rid=rid)
             except (WorkerError, TimeoutError) as exc:
-                logger.info("could not abort %s on %s: %s", rid, self.worker.url, exc)
+                logger.info("could not abort %s on %s: %s", rid, worker.url, exc)
 
 
 class ChatStream(GenerationStream):

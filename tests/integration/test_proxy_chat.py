@@ -290,7 +290,7 @@ def test_worker_down_is_503_in_openai_shape(proxies: ProxyFactory) -> None:
 def test_failover_and_balancing_across_workers(proxies: ProxyFactory, servers: LoopThread) -> None:
     first, second = servers.start_scripted(), servers.start_scripted()
     proxy = proxies.start([dead_worker_url(), first.url, second.url])
-    client = proxy.client()
+    client = proxy.client(key=proxy.admin_key)  # a new session per call: balanced, not sticky
     for _ in range(3):
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
         list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, stream=True))

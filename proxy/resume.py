@@ -1,0 +1,343 @@
+"""Generations that survive weight pushes and lost workers.
+
+A worker paused for a weight push (`pause_generation` abort/retract on SGLang versions that abort) answers
+in-flight requests HTTP 200 with finish_reason `{"type": "abort"}` and the partial output; a worker that
+dies drops the connection or answers 5xx. Either way each unfinished choice is re-issued as
+`input_ids = prompt + tokens so far`, `max_new_tokens = what is left`, same sampling params, on a worker
+in rotation (the session's own after a pause: it then serves the new weights), and the pieces are
+stitched into one answer as if one request had produced it: output ids, logprob entries, per-token
+policy versions (each token keeps the version that produced it), the last piece's finish reason.
+
+Detecting the pause: nothing to poll. A request sent to a paused worker waits in its queue until
+`continue_generation` (SGLang, the CPU engine and the scripted worker all hold new requests while
+paused), so a re-issued piece simply starts once the new weights serve. A piece that is aborted again
+before producing a token backs off (50 ms doubling to 2 s); attempts and total time are bounded
+(`proxy.resume_max_attempts`, `proxy.resume_timeout_s`), after which the choice is recorded as aborted.
+
+Aborts the proxy causes itself (the client left a stream: `/abort_request`) are never seen here: the
+stream's reader is cancelled first, so they are recorded as abort, not resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import msgspec
+
+from proxy.balancer import Balancer, Decode, RoutingPolicy, Worker
+from proxy.errors import OpenAIError
+from proxy.generation import GenerationPlan, no_worker_error, token_versions, worker_error
+from serving.client import GenerateRequest
+from serving.errors import WorkerBadRequest, WorkerConnectionError, WorkerError, WorkerHTTPError
+
+logger = logging.getLogger(__name__)
+
+_REPLACEMENT = "\ufffd"  # what a decoder makes of a UTF-8 character cut in two
+_FIRST_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 2.0
+
+
+def finish_type(output: dict[str, Any]) -> str | None:
+    """`stop`, `length`, `abort`, … of a worker answer or chunk; None while it is unfinished."""
+    finish = (output.get("meta_info") or {}).get("finish_reason")
+    if finish is None:
+        return None
+    return str(finish.get("type", "stop")) if isinstance(finish, dict) else "stop"
+
+
+def is_lost(exc: WorkerError) -> bool:
+    """A failure that says the worker is gone (or going), not that the request was bad."""
+    if isinstance(exc, WorkerConnectionError):
+        return True
+    return isinstance(exc, WorkerHTTPError) and not isinstance(exc, WorkerBadRequest) and exc.status >= 500
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """What the earlier pieces of one choice generated."""
+
+    output_ids: list[int]
+    entries: list[Any]  # output_token_logprobs entries, one per output id
+    top: list[Any] | None
+    versions: list[int]
+    text: str
+
+    @classmethod
+    def empty(cls) -> Prefix:
+        return cls([], [], None, [], "")
+
+    @classmethod
+    def of(cls, output: dict[str, Any], decode: Decode | None) -> Prefix:
+        """The tokens of `output` that have logprobs (the others are generated again)."""
+        meta = output.get("meta_info") or {}
+        entries = list(meta.get("output_token_logprobs") or ())
+        all_ids = [int(t) for t in output.get("output_ids") or ()]
+        ids = all_ids[: len(entries)]
+        text = str(output.get("text", ""))
+        if len(ids) < len(all_ids) and decode is not None:
+            text = decode(ids)
+        top = meta.get("output_top_logprobs")
+        return cls(ids, entries[: len(ids)], list(top[: len(ids)]) if top else None,
+                   token_versions(meta, len(ids)), text)
+
+
+def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
+    """SGLang's `weight_versions`: one {version, start, end} per run of equal versions."""
+    spans: list[dict[str, Any]] = []
+    for position, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(version):
+            spans[-1]["end"] = position + 1
+        else:
+            spans.append({"version": str(version), "start": position, "end": position + 1})
+    return spans
+
+
+def join_text(prefix: Prefix, piece_ids: list[int], piece_text: str, decode: Decode | None) -> str:
+    """The text of prefix + piece. Plain concatenation unless the boundary cut a UTF-8 character (a
+    U+FFFD on either side): then the joined ids are decoded, less what the worker held back or trimmed
+    from the piece's own text (a matched stop string)."""
+    if decode is None or not (prefix.text.endswith(_REPLACEMENT) or piece_text.startswith(_REPLACEMENT)):
+        return prefix.text + piece_text
+    whole_piece = decode(piece_ids)
+    held = len(whole_piece) - len(piece_text) if whole_piece.startswith(piece_text) else 0
+    joined = decode(prefix.output_ids + piece_ids)
+    return joined[: len(joined) - held] if held > 0 else joined
+
+
+def merge(prefix: Prefix, piece: dict[str, Any], decode: Decode | None) -> dict[str, Any]:
+    """A piece's answer (or cumulative chunk) as the whole choice's: prefix + piece."""
+    if not prefix.output_ids:
+        return piece
+    meta = piece.get("meta_info") or {}
+    ids = [int(t) for t in piece.get("output_ids") or ()]
+    versions = prefix.versions + token_versions(meta, len(ids))
+    merged_meta = dict(meta)
+    merged_meta["output_token_logprobs"] = prefix.entries + list(meta.get("output_token_logprobs") or ())
+    top = meta.get("output_top_logprobs")
+    if prefix.top is not None and top:
+        merged_meta["output_top_logprobs"] = prefix.top + list(top)
+    else:
+        merged_meta.pop("output_top_logprobs", None)
+    merged_meta["weight_versions"] = version_spans(versions)
+    merged_meta["weight_version"] = str(versions[-1])
+    merged_meta["completion_tokens"] = len(versions)
+    text = join_text(prefix, ids, str(piece.get("text", "")), decode)
+    return {**piece, "text": text, "output_ids": prefix.output_ids + ids, "meta_info": merged_meta}
+
+
+def with_length_finish(output: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """An aborted output that already has every token asked for: it finished by length."""
+    meta = {**(output.get("meta_info") or {}), "finish_reason": {"type": "length", "length": max_new_tokens}}
+    return {**output, "meta_info": meta}
+
+
+def resume_request(plan: GenerationPlan, index: int, prefix: Prefix, attempt: int) -> GenerateRequest | None:
+    """Choice `index` continued after `prefix`; None when no tokens are left to generate."""
+    base = plan.worker_request
+    params = base.sampling_params
+    assert params is not None and params.max_new_tokens is not None  # plan_generation sets both
+    remaining = params.max_new_tokens - len(prefix.output_ids)
+    if remaining <= 0:
+        return None
+    sampling = msgspec.structs.replace(params, max_new_tokens=remaining, n=None)
+    return msgspec.structs.replace(
+        base, input_ids=plan.prompt_ids + prefix.output_ids, sampling_params=sampling,
+        rid=f"{plan.completion_ids[index]}-resume{attempt}",
+    )
+
+
+class ResumeBudget:
+    """Bounded re-issues of one choice: attempts, total time, and backoff while nothing progresses."""
+
+    def __init__(self, policy: RoutingPolicy) -> None:
+        self.used = 0
+        self._max = policy.resume_max_attempts
+        self._deadline = time.monotonic() + policy.resume_timeout_s
+        self._delay = _FIRST_BACKOFF_S
+
+    def take(self) -> bool:
+        if self.used >= self._max or time.monotonic() >= self._deadline:
+            return False
+        self.used += 1
+        return True
+
+    async def after(self, progressed: bool) -> None:
+        """Back off (doubling) after a piece that produced nothing; reset after one that did."""
+        if progressed:
+            self._delay = _FIRST_BACKOFF_S
+            return
+        await asyncio.sleep(min(self._delay, max(self._deadline - time.monotonic(), 0.0)))
+        self._delay = min(self._delay * 2, _MAX_BACKOFF_S)
+
+
+async def call_worker(balancer: Balancer, session_id: str, request: GenerateRequest) -> list[dict[str, Any]]:
+    """One non-streaming `/generate`, re-issued on the next worker when one is lost (refused or dropped
+    connection, 5xx). The answer's samples, in order."""
+    lost: WorkerError | None = None
+    for worker in balancer.candidates(session_id):
+        with balancer.lease(worker, session_id):
+            try:
+                output = await worker.client.generate(request)
+            except WorkerError as exc:
+                if not is_lost(exc):
+                    raise worker_error(exc) from exc
+                balancer.mark_failed(worker, "connect" if isinstance(exc, WorkerConnectionError) else "http")
+                lost = exc
+                continue
+        balancer.mark_ok(worker)
+        return output if isinstance(output, list) else [output]
+    if isinstance(lost, WorkerHTTPError):
+        raise worker_error(lost)
+    raise no_worker_error(balancer)
+
+
+async def resume_choice(
+    balancer: Balancer, plan: GenerationPlan, index: int, output: dict[str, Any]
+) -> dict[str, Any]:
+    """Choice `index`'s aborted `output`, continued until it finishes otherwise (or the budget ends)."""
+    budget = ResumeBudget(balancer.policy)
+    merged = output
+    while finish_type(merged) == "abort":
+        prefix = Prefix.of(merged, balancer.decode)
+        request = resume_request(plan, index, prefix, budget.used + 1)
+        if request is None:
+            return with_length_finish(merged, len(prefix.output_ids))
+        if not budget.take():
+            logger.warning("%s: gave up resuming after %d attempts", plan.completion_ids[index], budget.used)
+            return merged
+        balancer.count_resume("abort")
+        try:
+            piece = (await call_worker(balancer, plan.session_id, request))[0]
+        except OpenAIError as exc:
+            logger.warning("%s: could not resume: %s", plan.completion_ids[index], exc.message)
+            return merged
+        merged = merge(prefix, piece, balancer.decode)
+        await budget.after(len(merged.get("output_ids") or ()) > len(prefix.output_ids))
+    return merged
+
+
+async def generate_outputs(balancer: Balancer, plan: GenerationPlan) -> list[dict[str, Any]]:
+    """The plan's samples, each complete: aborted choices resumed (each on its own)."""
+    outputs = await call_worker(balancer, plan.session_id, plan.worker_request)
+    if len(outputs) != plan.n or not any(finish_type(o) == "abort" for o in outputs):
+        return outputs
+    return list(await asyncio.gather(*(
+        resume_choice(balancer, plan, i, o) if finish_type(o) == "abort" else _done(o)
+        for i, o in enumerate(outputs)
+    )))
+
+
+async def _done(output: dict[str, Any]) -> dict[str, Any]:
+    return output
+
+
+class ResumingStream:
+    """A streaming generation's cumulative chunks, as if one worker request made them all: a choice
+    aborted by a pause or cut off by a lost worker continues as a new request whose chunks are merged
+    onto what was already streamed (resumed choices one after another). Holds a lease on the worker it
+    reads (`worker`) until `aclose`."""
+
+    def __init__(self, balancer: Balancer, plan: GenerationPlan) -> None:
+        self.worker: Worker | None = None
+        self._leased = False
+        self._balancer = balancer
+        self._plan = plan
+        self._last: dict[int, dict[str, Any]] = {}
+        self._prefix: dict[int, Prefix] = {}
+        self._lost: set[Worker] = set()
+        self._lost_error: WorkerError | None = None
+        self._chunks = self._run()
+
+    def __aiter__(self) -> ResumingStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            self._switch(None)
+
+    def _switch(self, worker: Worker | None) -> None:
+        if self._leased and self.worker is not None:
+            self._balancer.release(self.worker)
+            self._leased = False
+        if worker is not None:
+            self.worker = worker
+            self._balancer.acquire(worker, self._plan.session_id)
+            self._leased = True
+
+    async def _run(self) -> AsyncGenerator[dict[str, Any], None]:
+        async for merged in self._relay(self._plan.worker_request, None):
+            yield merged
+        for index in range(self._plan.n):
+            budget = ResumeBudget(self._balancer.policy)
+            while (last := self._last.get(index)) is None or finish_type(last) in (None, "abort"):
+                prefix = Prefix.of(last, self._balancer.decode) if last is not None else Prefix.empty()
+                request = resume_request(self._plan, index, prefix, budget.used + 1)
+                if last is not None and request is None:  # aborted after its last token
+                    yield with_length_finish(last, len(prefix.output_ids))
+                    break
+                if request is None or not budget.take():
+                    if last is None or finish_type(last) is None:  # cut off: the stream ends in error
+                        raise self._lost_error or no_worker_error(self._balancer)
+                    logger.warning("%s: gave up resuming after %d attempts", self._plan.completion_ids[index],
+                                   budget.used)
+                    yield last  # recorded as aborted
+                    break
+                self._balancer.count_resume("abort" if last is not None and finish_type(last) else "lost")
+                self._prefix[index] = prefix
+                async for merged in self._relay(request, index):
+                    yield merged
+                now = self._last.get(index) or {}
+                await budget.after(len(now.get("output_ids") or ()) > len(prefix.output_ids))
+
+    async def _relay(
+        self, request: GenerateRequest, index: int | None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """One worker stream of `request` (choice `index`, or all choices), merged and relayed; an abort
+        chunk is held back (the caller resumes that choice). Fails over while nothing was received; a
+        worker lost after that just ends the relay (the caller resumes what is unfinished)."""
+        for worker in self._balancer.candidates(self._plan.session_id):
+            if worker in self._lost:
+                continue
+            self._switch(worker)
+            received = False
+            try:
+                opened = cast(AsyncGenerator[dict[str, Any], None], worker.client.generate_stream(request))
+                async with contextlib.aclosing(opened) as stream:
+                    async for raw in stream:
+                        received = True
+                        merged = self._take(raw, index)
+                        if finish_type(merged) != "abort":
+                            yield merged
+                self._balancer.mark_ok(worker)
+                return
+            except WorkerError as exc:
+                if not is_lost(exc):
+                    raise
+                kind = "connect" if isinstance(exc, WorkerConnectionError) else "http"
+                self._balancer.mark_failed(worker, kind)
+                self._lost.add(worker)
+                self._lost_error = exc
+                if received:
+                    return
+        raise self._lost_error or no_worker_error(self._balancer)
+
+    def _take(self, raw: dict[str, Any], index: int | None) -> dict[str, Any]:
+        multi = self._plan.n > 1
+        i = index if index is not None else (int(raw.get("index", 0)) if multi else 0)
+        prefix = self._prefix.get(i)
+        merged = merge(prefix, raw, self._balancer.decode) if prefix is not None else raw
+        if multi and merged.get("index") != i:
+            merged = {**merged, "index": i}
+        self._last[i] = merged
+        return merged
