@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -20,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
 from proxy.config import ProxyConfig
+from proxy.conversations import ConversationPrompt, conversation_prompt
 from proxy.errors import OpenAIError
 from proxy.generation import ChoiceResult, GenerationPlan, generate, open_stream, plan_generation
 from proxy.parsers import OutputParser, reasoning_parser, tool_call_parser
@@ -47,14 +49,18 @@ async def create_chat_completion(
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> Response:
     request_json = parse_request_json(await request.body())
-    prompt_ids = await services.tokenizer.render_async(
-        body.template_messages(), body.template_tools(), services.config.tokenize_in_thread_chars
-    )
     session_id = principal.session_id or uuid.uuid4().hex
+    conversation = await chat_prompt(services, principal, session_id, body)
+    prompt_ids = conversation.prompt_ids
     plan = plan_generation(
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
         services.served_model_name, output_parser(body, services.config, services.tokenizer, prompt_ids),
     )
+    if conversation.parent_id is not None or conversation.branched:
+        plan = replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
+                       branched=conversation.branched)
+        # A child stores only its new messages; the parent chain holds the rest (DESIGN.md §5).
+        request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
     end_call_session = None if principal.session_id else await open_call_session(services, session_id)
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
@@ -69,6 +75,18 @@ async def create_chat_completion(
             chat_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
     return await answer_json(_complete(services, plan, body, request_json), end_call_session, headers)
+
+
+async def chat_prompt(
+    services: ProxyServices, principal: Principal, session_id: str, body: ChatCompletionRequest
+) -> ConversationPrompt:
+    """The prompt of a chat call: chained in its session's conversation tree; an admin call's one-off
+    session has no history, so it is rendered as it is."""
+    messages, tools = body.template_messages(), body.template_tools()
+    if principal.session_id is not None:
+        return await conversation_prompt(services, session_id, messages, tools)
+    ids = await services.tokenizer.render_async(messages, tools, services.config.tokenize_in_thread_chars)
+    return ConversationPrompt(ids)
 
 
 async def answer_json(

@@ -54,6 +54,12 @@ class GenerationPlan:
     """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
     branched: bool = False
     """The client changed its session's history, so this call starts a new branch."""
+    parent_id: str | None = None
+    """The completion this call's conversation extends (proxy/conversations.py); None for a root."""
+    prefix_len: int = 0
+    """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
+    branched: bool = False
+    """The client changed its session's history, so this call starts a new branch."""
 
     @property
     def n(self) -> int:

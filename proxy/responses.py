@@ -142,8 +142,8 @@ def completion_records(
         CompletionRecord(
             id=plan.completion_ids[result.index],
             session_id=plan.session_id,
-            parent_id=None,
-            prompt_ids=plan.prompt_ids,
+            parent_id=plan.parent_id,
+            prompt_ids=plan.prompt_ids[plan.prefix_len:],  # a child keeps only its suffix (DESIGN.md §5)
             output_ids=result.output_ids,
             output_logprobs=result.logprobs,
             output_versions=result.versions,
@@ -153,6 +153,7 @@ def completion_records(
             top_k=plan.top_k,
             request_json=request_json,
             response_json=_own_choice(response_json, first_index + result.index),
+            branched=plan.branched,
         )
         for result in results
     ]

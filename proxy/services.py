@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.auth import KeyCache
 from proxy.balancer import Balancer
 from proxy.config import ProxyConfig
+from proxy.conversations import ConversationIndex, IndexingRecorder
 from proxy.metrics import ProxyMetrics
 from proxy.recorder import Recorder
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
@@ -48,6 +49,8 @@ class ProxyServices:
     served_model_name: str
     metrics: ProxyMetrics
     key_cache: KeyCache
+    conversations: ConversationIndex
+    """Each session's conversation tree, for token-exact multi-turn prompts (proxy/conversations.py)."""
     finalizer: SessionFinalizer | None = None
     """Turns ended, rewarded sessions into trajectories; started and stopped by the RL router's
     lifespan (proxy/rl_routes.py), which runs inside this app's."""
@@ -101,7 +104,8 @@ async def build_services(
     # The balancer fails over to the next worker itself, so a dead worker costs one refused connect.
     pool = WorkerPool(serving.client.model_copy(update={"max_retries": 0}))
     clients = [pool.client(url) for url in worker_urls(serving)]
-    recorder = Recorder(session_factory, proxy.record_batch_max, metrics)
+    conversations = ConversationIndex(session_factory)
+    recorder = IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations)
     recorder.start()
     services = ProxyServices(
         config=proxy,
@@ -116,6 +120,7 @@ async def build_services(
         served_model_name=serving.served_model_name or serving.model,
         metrics=metrics,
         key_cache=KeyCache(proxy.key_cache_ttl_s),
+        conversations=conversations,
     )
     logger.info(
         "proxy serving %s (context %d tokens) through %d worker(s): %s",

@@ -37,6 +37,13 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Prompt token ids of `messages` with the generation prompt appended."""
+        return self.encode(self.render_text(messages, tools))
+
+    def render_text(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's text for `messages` (400 if the template rejects them)."""
         import jinja2
 
         if not self._knows_developer:
@@ -44,14 +51,14 @@ class ChatTokenizer:
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
             )
         except jinja2.TemplateError as exc:
             raise OpenAIError(
                 400, f"The model's chat template rejected these messages: {exc}", "invalid_request_error",
                 param="messages",
             ) from exc
-        return self.encode(text)
+        return str(text)
 
     async def render_async(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,

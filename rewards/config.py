@@ -12,12 +12,15 @@ class FinalizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    style: Literal["individual"] = "individual"
-    """"individual": one trajectory per trainable completion (its full prompt masked, its output
-    trained). Concatenating multi-turn conversations into one sequence comes later."""
+    style: Literal["concatenated", "individual"] = "concatenated"
+    """"concatenated": one trajectory per conversation chain (root → leaf), its outputs trained and the
+    prompt suffixes between them (tool results, user turns) masked (rewards/concatenate.py).
+    "individual": one trajectory per trainable completion (its full prompt masked, its output
+    trained)."""
     turn_discount: float = Field(1.0, ge=0.0, le=1.0)
-    """γ of `R_i = r_i + γ·R_{i+1}`, walking back over a session's trainable completions in call order.
-    1.0 gives every turn the whole session's reward; 0.0 keeps each turn's own reward."""
+    """"individual" style only: γ of `R_i = r_i + γ·R_{i+1}`, walking back over a session's trainable
+    completions in call order. 1.0 gives every turn the whole session's reward; 0.0 keeps each turn's
+    own reward."""
     missing_reward: Literal["zero", "drop"] = "zero"
     """A session finalized with no reward at all: "zero" trains on it with reward 0 (AReaL's behaviour),
     "drop" writes no trajectories for it. Either way a warning is logged. A session's own metadata key

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
+from rewards.concatenate import build_concatenated_trajectories
 from rewards.config import FinalizerConfig
 from rewards.finalize import (
     build_session_trajectories,
@@ -189,9 +190,12 @@ class SessionFinalizer:
             if policy == "drop":
                 return []
         try:
-            trajectories = build_session_trajectories(
-                snapshot.completions, rewards, self.config.turn_discount
-            )
+            if self.config.style == "concatenated":
+                trajectories = build_concatenated_trajectories(snapshot.completions, rewards)
+            else:
+                trajectories = build_session_trajectories(
+                    snapshot.completions, rewards, self.config.turn_discount
+                )
         except ValueError:
             # Broken history (a missing parent, an overflowing reward): reject the session rather than
             # retry it forever and hold its group back.

@@ -48,6 +48,7 @@ __all__ = [
     "insert_trajectories",
     "latest_policy_version",
     "load_completion_chain",
+    "load_session_completions",
     "record_completion",
     "record_completions",
     "record_step",
@@ -298,3 +299,18 @@ def completion_record(c: Completion) -> CompletionRecord:
         request_json=c.request_json,
         response_json=c.response_json,
     )
+
+
+async def load_session_completions(
+    session_factory: SessionFactory, session_id: str
+) -> list[CompletionRecord]:
+    """A session's completions in call order (created_at, then id): parents before their children,
+    each with only its own suffix and new messages (rebuild chains with storage.sequences)."""
+    query = (
+        select(Completion)
+        .where(Completion.session_id == session_id)
+        .order_by(Completion.created_at, Completion.id)
+    )
+    async with session_factory() as db:
+        completions = (await db.execute(query)).scalars().all()
+    return [completion_record(c) for c in completions]

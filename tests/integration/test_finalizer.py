@@ -88,7 +88,7 @@ async def test_finalize_writes_every_field(session_factory: SessionFactory) -> N
     await add_reward(session_factory, 1.0, completion_id=first.id)
     await add_reward(session_factory, 2.0, session_id=sid)
     await end_session(session_factory, sid)
-    finalizer = SessionFinalizer(session_factory, FinalizerConfig(turn_discount=0.5))
+    finalizer = SessionFinalizer(session_factory, FinalizerConfig(style="individual", turn_discount=0.5))
 
     assert await finalizer.finalize(sid) == 3
 
@@ -126,8 +126,8 @@ async def test_finalize_is_once_even_when_concurrent(session_factory: SessionFac
 
     written = await asyncio.gather(one.finalize(sid), two.finalize(sid), one.finalize(sid))
 
-    assert sorted(written) == [0, 0, 3]
-    assert len(await _trajectories(session_factory, sid)) == 3
+    assert sorted(written) == [0, 0, 2]  # one trajectory per chain: the aborted retry's, then turn 3's
+    assert len(await _trajectories(session_factory, sid)) == 2
     assert await one.finalize(sid) == 0
 
 
@@ -155,11 +155,12 @@ async def test_ready_needs_a_session_reward_or_every_completion_rewarded(
     await add_reward(session_factory, 1.0, completion_id=third.id)
     assert await finalizer.finalize_if_ready(sid) is None  # `second` still has none
     await add_reward(session_factory, 1.0, completion_id=second.id)
-    assert await finalizer.finalize_if_ready(sid) == 3
-    assert [t.reward for t in await _trajectories(session_factory, sid)] == [3.0, 2.0, 1.0]
+    assert await finalizer.finalize_if_ready(sid) == 2
+    # Chains (by leaf): first → second → aborted retry (returns 1 + 1), first → second → third (1 + 1 + 1).
+    assert [t.reward for t in await _trajectories(session_factory, sid)] == [2.0, 3.0]
 
 
-@pytest.mark.parametrize(("policy", "expected"), [("zero", [0.0, 0.0, 0.0]), ("drop", [])])
+@pytest.mark.parametrize(("policy", "expected"), [("zero", [0.0, 0.0]), ("drop", [])])
 async def test_missing_reward_policy(
     session_factory: SessionFactory, policy: str, expected: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:

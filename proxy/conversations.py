@@ -1,0 +1,227 @@
+"""Token-exact multi-turn conversations (DESIGN.md §3): each session's completions form a tree, and a
+request whose messages extend an earlier completion is prompted with
+`parent prompt + parent output + suffix` instead of a fresh render, so history is never retokenized.
+
+The tree of a session lives in memory (an LRU of sessions per proxy) and is rebuilt from the database
+when it is missing or when a request matches nothing in it (a restart, an eviction, or a completion
+another proxy recorded). It learns each completion once it is recorded (`IndexingRecorder`), from the
+record alone: a child's request_json holds only its new messages, and its path is its parent's path
+plus those messages plus the assistant message the proxy answered.
+
+Other endpoints (the Responses API) call `conversation_prompt` with chat-template messages and tools,
+then record with the returned parent and prefix (GenerationPlan.parent_id/prefix_len/branched). Only
+records whose request_json has chat `messages` are learned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from proxy.conversation_text import (
+    MessageKey,
+    SuffixError,
+    message_key,
+    prefix_hashes,
+    render_suffix,
+    tools_key,
+)
+from proxy.metrics import ProxyMetrics
+from proxy.recorder import Recorder
+from proxy.schemas import ChatCompletionRequest
+from storage.engine import SessionFactory
+from storage.queries import load_session_completions
+from storage.records import CompletionRecord
+
+if TYPE_CHECKING:
+    from proxy.services import ProxyServices
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_SESSIONS = 4096
+
+
+@dataclass(eq=False, slots=True)
+class ConversationNode:
+    """One recorded chat completion: the messages it answered plus its own assistant message."""
+
+    id: str
+    parent: ConversationNode | None
+    path: tuple[MessageKey, ...]
+    tools: str | None
+    prompt_ids: np.ndarray  # the suffix after the parent's prompt + output (all of it for a root)
+    output_ids: np.ndarray
+
+    def full_ids(self) -> list[int]:
+        """The whole sequence of this completion: every prompt suffix and output from the root."""
+        parts: list[np.ndarray] = []
+        node: ConversationNode | None = self
+        while node is not None:
+            parts += [node.output_ids, node.prompt_ids]
+            node = node.parent
+        return [int(t) for t in np.concatenate(parts[::-1])] if parts else []
+
+
+@dataclass(eq=False)
+class SessionTree:
+    """A session's conversation tree, indexed by the rolling hash of each node's path."""
+
+    nodes: dict[str, ConversationNode] = field(default_factory=dict)
+    by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
+
+    def add(self, record: CompletionRecord) -> bool:
+        """Learn a recorded completion. False if its parent is unknown (the tree is then incomplete)."""
+        if record.id in self.nodes:
+            return True
+        parsed = chat_record(record)
+        if parsed is None:
+            return True  # not a chat completion: nothing to match against
+        new_keys, tools, answer = parsed
+        parent = self.nodes.get(record.parent_id) if record.parent_id is not None else None
+        if record.parent_id is not None and parent is None:
+            return False
+        path = (*(parent.path if parent is not None else ()), *new_keys, answer)
+        node = ConversationNode(
+            id=record.id, parent=parent, path=path, tools=tools,
+            prompt_ids=np.asarray(record.prompt_ids, dtype=np.int32),
+            output_ids=np.asarray(record.output_ids, dtype=np.int32),
+        )
+        self.nodes[node.id] = node
+        self.by_hash.setdefault(prefix_hashes(tools, path)[-1], []).append(node)
+        return True
+
+    def add_all(self, records: Sequence[CompletionRecord]) -> bool:
+        """Learn records in any order (parents first where timestamps tie); False if some never fit."""
+        pending = list(records)
+        while pending:
+            left = [record for record in pending if not self.add(record)]
+            if len(left) == len(pending):
+                return False
+            pending = left
+        return True
+
+    def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> ConversationNode | None:
+        """The deepest completion whose messages plus its answer are a prefix of `keys`, leaving at least
+        one new message; the latest such completion when several (a retried turn) tie."""
+        hashes = prefix_hashes(tools, keys)
+        for length in range(len(keys) - 1, 0, -1):
+            for node in reversed(self.by_hash.get(hashes[length - 1], ())):
+                if node.tools == tools and node.path == tuple(keys[:length]):
+                    return node
+        return None
+
+
+def chat_record(record: CompletionRecord) -> tuple[list[MessageKey], str | None, MessageKey] | None:
+    """The new message keys, tools key and answer key of a chat completion record; None otherwise."""
+    try:
+        request = ChatCompletionRequest.model_validate(record.request_json)
+        message = record.response_json["choices"][0]["message"]
+    except (ValidationError, KeyError, IndexError, TypeError):
+        return None
+    keys = [message_key(m) for m in request.template_messages()]
+    return keys, tools_key(request.template_tools()), message_key(message)
+
+
+class ConversationIndex:
+    """The session trees of one proxy: an LRU of at most `max_sessions`, refilled from the database."""
+
+    def __init__(self, session_factory: SessionFactory, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self._session_factory = session_factory
+        self._max_sessions = max_sessions
+        self._trees: OrderedDict[str, SessionTree] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._trees)
+
+    async def tree(self, session_id: str, *, reload: bool = False) -> tuple[SessionTree, bool]:
+        """The session's tree and whether it was (re)loaded from the database just now."""
+        tree = self._trees.get(session_id)
+        if tree is not None and not reload:
+            self._trees.move_to_end(session_id)
+            return tree, False
+        records = await load_session_completions(self._session_factory, session_id)
+        tree = SessionTree()
+        if not tree.add_all(records):
+            logger.warning("session %s: some completions have parents outside it; not matched", session_id)
+        self._trees[session_id] = tree
+        self._trees.move_to_end(session_id)
+        while len(self._trees) > self._max_sessions:
+            self._trees.popitem(last=False)
+        return tree, True
+
+    def learn(self, records: Sequence[CompletionRecord]) -> None:
+        """Add recorded completions to the trees of sessions held in memory (others load when asked)."""
+        for record in records:
+            tree = self._trees.get(record.session_id)
+            if tree is not None and not tree.add(record):
+                del self._trees[record.session_id]  # incomplete: rebuild from the database next time
+
+
+class IndexingRecorder(Recorder):
+    """The completion recorder that tells the conversation index about every completion it wrote."""
+
+    def __init__(
+        self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics, index: ConversationIndex
+    ) -> None:
+        super().__init__(session_factory, batch_max, metrics)
+        self.index = index
+
+    async def record(self, records: Sequence[CompletionRecord]) -> None:
+        await super().record(records)
+        self.index.learn(records)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPrompt:
+    """The prompt of one call in its session's conversation tree."""
+
+    prompt_ids: list[int]
+    parent_id: str | None = None
+    prefix_len: int = 0  # leading prompt tokens that are the parent's prompt + output
+    new_from: int = 0  # index of the first message not already in the parent's history
+    branched: bool = False
+
+
+async def conversation_prompt(
+    services: ProxyServices, session_id: str, messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+) -> ConversationPrompt:
+    """The token-exact prompt for `messages` (chat-template form) and `tools` in the session: chained
+    onto the deepest earlier completion they extend, else rendered from scratch (a branch if the session
+    already has completions)."""
+    keys = [message_key(m) for m in messages]
+    tools_id = tools_key(tools)
+    tree, loaded = await services.conversations.tree(session_id)
+    parent = tree.deepest_prefix(tools_id, keys)
+    if parent is None and tree.nodes and not loaded:  # maybe recorded elsewhere or not yet learned
+        tree, loaded = await services.conversations.tree(session_id, reload=True)
+        parent = tree.deepest_prefix(tools_id, keys)
+    config, metrics = services.config, services.metrics
+    if parent is not None:
+        new_messages = list(messages[len(parent.path):])
+        try:
+            suffix = render_suffix(services.tokenizer, list(parent.output_ids), new_messages, tools)
+        except SuffixError as exc:
+            logger.warning("session %s: cannot chain onto %s (%s); rendering afresh",
+                           session_id, parent.id, exc)
+        else:
+            prefix = parent.full_ids()
+            prompt = [*prefix, *suffix]
+            scratch = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
+            if scratch != prompt:  # expected with history-rewriting templates; drift otherwise
+                metrics.conversation_drift.inc()
+                logger.debug("session %s: chained prompt differs from a fresh render", session_id)
+            metrics.conversation_turns.labels("chained").inc()
+            return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False)
+    prompt = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
+    branched = parent is None and bool(tree.nodes)
+    metrics.conversation_turns.labels("branched" if branched else "root").inc()
+    if branched:
+        logger.info("session %s: history changed; a new branch starts", session_id)
+    return ConversationPrompt(prompt, branched=branched)
