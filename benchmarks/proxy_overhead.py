@@ -107,8 +107,8 @@ def _stack(run: Run, name: str, worker_url: str, logs: Path) -> None:
         with stacks.passthrough(logs, worker_url) as url:
             _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, ()))
     elif name == "litellm":
-        with stacks.litellm_proxy(logs, worker_url) as url:
-            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, ("none",)))
+        with stacks.litellm_proxy(logs, worker_url) as (url, key):
+            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, (key,)))
     else:
         database: Callable[[], AbstractContextManager[str]] = (
             stacks.sqlite_database if name == "flywheel-sqlite" else stacks.postgres_database

@@ -34,7 +34,8 @@ def free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 @contextmanager
@@ -226,9 +227,12 @@ def ensure_litellm() -> Path:
 
 
 @contextmanager
-def litellm_proxy(logs: Path, upstream: str) -> Iterator[str]:
+def litellm_proxy(logs: Path, upstream: str) -> Iterator[tuple[str, str]]:
+    """LiteLLM's proxy (one worker, no database, no callbacks: LiteLLM at its lightest) in front of the
+    worker's /v1/chat/completions; yields its URL and its master key (1.108 refuses to start without)."""
     binary = ensure_litellm()
     port = free_port()
+    master_key = f"sk-{secrets.token_hex(16)}"
     with tempfile.TemporaryDirectory(prefix="litellm-bench-") as scratch:
         config = Path(scratch) / "config.yaml"
         config.write_text(
@@ -241,8 +245,9 @@ def litellm_proxy(logs: Path, upstream: str) -> Iterator[str]:
             "litellm_settings:\n"
             "  drop_params: true\n"
             "  turn_off_message_logging: true\n"
+            "general_settings:\n"
+            f"  master_key: {master_key}\n"
         )
-        # No master key, no database, no callbacks: LiteLLM at its lightest; the cost map from the wheel.
         env = {
             **os.environ,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -262,7 +267,6 @@ def litellm_proxy(logs: Path, upstream: str) -> Iterator[str]:
             "--num_workers",
             "1",
         ]
-        with process(
-            argv, f"http://127.0.0.1:{port}/health/liveliness", logs / "litellm.log", env=env, timeout_s=300
-        ):
-            yield f"http://127.0.0.1:{port}"
+        health = f"http://127.0.0.1:{port}/health/liveliness"
+        with process(argv, health, logs / "litellm.log", env=env, timeout_s=300):
+            yield f"http://127.0.0.1:{port}", master_key
