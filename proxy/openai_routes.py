@@ -1,5 +1,5 @@
-"""The OpenAI-compatible routes: chat and legacy text completions (under /v1 and, as AReaL offers, at
-the root) and the model list. Every route needs a key (`require_principal`)."""
+"""The OpenAI-compatible routes: chat, legacy text completions and the Responses API (under /v1 and, as
+AReaL offers, at the root) and the model list. Every route needs a key (`require_principal`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from proxy.auth import Principal, require_principal
 from proxy.chat import create_chat_completion
 from proxy.completions import create_completion
 from proxy.errors import OpenAIError
+from proxy.responses_api import create_response, retrieve_response
 from proxy.services import ProxyServices, get_services
 
 OWNER = "flywheel"
@@ -25,6 +26,12 @@ def build_openai_router() -> APIRouter:
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(
             path, create_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
+        )
+    for path in ("/v1/responses", "/responses"):
+        documented = path.startswith("/v1")
+        router.add_api_route(path, create_response, methods=["POST"], include_in_schema=documented)
+        router.add_api_route(
+            f"{path}/{{response_id}}", retrieve_response, methods=["GET"], include_in_schema=documented
         )
     router.add_api_route("/v1/models", list_models, methods=["GET"])
     router.add_api_route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"])

@@ -1,0 +1,207 @@
+"""The body of `POST /v1/responses` and its translation into a chat request: input items become chat
+messages, function tools become chat tools, so the Responses API generates on the chat pipeline.
+
+Items: messages (with or without `"type": "message"`; text parts only), `function_call` (an assistant
+tool call; consecutive calls and the assistant text before them make one assistant message, as chat
+templates expect), `function_call_output` (a tool message) and `reasoning` (its text becomes the
+`reasoning_content` of the assistant message that follows it, which templates that render reasoning
+use and others ignore; with no assistant message after it, it is dropped). Anything else is a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from proxy.errors import OpenAIError
+from proxy.schemas import MAX_TOP_LOGPROBS, ChatCompletionRequest
+
+MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+# Sampling extensions a client may add through `extra_body`, passed on to the chat request as they are.
+EXTENSION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                    "seed", "stop", "logit_bias")
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+
+
+class ResponsesRequest(BaseModel):
+    """OpenAI's `POST /v1/responses` body. Unknown fields are ignored, as in the chat schema; `text`,
+    `reasoning`, `include` and `truncation` are accepted and echoed (decoding is not constrained)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] = Field(min_length=1)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    stream: bool | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def stored(self) -> bool:
+        return self.store is not False
+
+    def input_items(self) -> list[dict[str, Any]]:
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return list(self.input)
+
+
+def chat_request(
+    body: ResponsesRequest, history: list[dict[str, Any]], request_json: dict[str, Any]
+) -> ChatCompletionRequest:
+    """The chat request that generates this response: `history` (the items of a previous response)
+    then this request's input, after `instructions` as a system message."""
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "messages": items_to_messages(body.instructions, [*history, *body.input_items()]),
+        "tools": chat_tools(body.tools),
+        "tool_choice": chat_tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "max_completion_tokens": body.max_output_tokens,
+        "top_logprobs": body.top_logprobs,
+        "logprobs": INCLUDE_LOGPROBS in (body.include or ()),
+        "stream": body.stream,
+        "user": body.user,
+        **{name: request_json[name] for name in EXTENSION_FIELDS if name in request_json},
+    }
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:  # rendered as every other validation error (a 400 naming the field)
+        raise RequestValidationError(exc.errors()) from None
+
+
+def items_to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages (dicts for `ChatMessage`) of Responses input items."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    reasoning: str | None = None  # waits for the assistant message it belongs to
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _item_error(index, "each input item must be an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            reasoning = "\n".join(_texts(item.get("content") or item.get("summary") or [], index)) or None
+            continue
+        if kind == "message":
+            message = _message(item, index)
+        elif kind == "function_call":
+            call = _function_call(item, index)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and reasoning is None:
+                last.setdefault("tool_calls", []).append(call)
+                continue
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        elif kind == "function_call_output":
+            message = {"role": "tool", "tool_call_id": _string(item, "call_id", index),
+                       "content": _content_text(item.get("output"), index, "output")}
+        else:
+            raise _item_error(index, f"input items of type {kind!r} are not supported by this server",
+                              code="unsupported_item_type")
+        if message["role"] == "assistant" and reasoning is not None:
+            message["reasoning_content"], reasoning = reasoning, None
+        messages.append(message)
+    return messages
+
+
+def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in MESSAGE_ROLES:
+        raise _item_error(index, f"a message's role must be one of {', '.join(MESSAGE_ROLES)}; got {role!r}")
+    return {"role": role, "content": _content_text(item.get("content"), index, "content")}
+
+
+def _function_call(item: dict[str, Any], index: int) -> dict[str, Any]:
+    arguments = item.get("arguments", "")
+    if not isinstance(arguments, str):
+        raise _item_error(index, "a function_call's arguments must be a JSON string")
+    return {"id": _string(item, "call_id", index), "type": "function",
+            "function": {"name": _string(item, "name", index), "arguments": arguments}}
+
+
+def _content_text(content: Any, index: int, field: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(_texts(content, index))
+    raise _item_error(index, f"{field} must be a string or a list of text parts")
+
+
+def _texts(parts: list[Any], index: int) -> list[str]:
+    texts = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise _item_error(index, f"content parts of type {kind!r} are not supported by this text-only "
+                                     "model", code="unsupported_content_type")
+    return texts
+
+
+def _string(item: dict[str, Any], field: str, index: int) -> str:
+    value = item.get(field)
+    if not isinstance(value, str) or not value:
+        raise _item_error(index, f"a {item.get('type')} item needs {field!r} as a non-empty string")
+    return value
+
+
+def _item_error(index: int, message: str, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, f"input[{index}]: {message}.", "invalid_request_error", param=f"input[{index}]",
+                       code=code)
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Chat tools of Responses function tools (`{type, name, description, parameters, strict}`)."""
+    if tools is None:
+        return None
+    converted = []
+    for index, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise OpenAIError(
+                400, f"tools[{index}]: tools of type {kind!r} are not supported by this server; only "
+                     "function tools are.", "invalid_request_error", param=f"tools[{index}]",
+                code="unsupported_tool_type",
+            )
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+        converted.append({"type": "function", "function": function})
+    return converted
+
+
+def chat_tool_choice(tool_choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """`{type: function, name}` becomes chat's `{type: function, function: {name}}`; an allowed-tools
+    choice its mode (every offered tool reaches the template)."""
+    if not isinstance(tool_choice, dict):
+        return tool_choice
+    kind = tool_choice.get("type")
+    if kind == "function" and isinstance(tool_choice.get("name"), str):
+        return {"type": "function", "function": {"name": tool_choice["name"]}}
+    if kind == "allowed_tools":
+        return str(tool_choice.get("mode", "auto"))
+    raise OpenAIError(400, f"tool_choice of type {kind!r} is not supported by this server.",
+                      "invalid_request_error", param="tool_choice")

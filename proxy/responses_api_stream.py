@@ -1,0 +1,167 @@
+"""A streamed Responses API call: the worker's stream relayed as named SSE events (`event: <type>` and a
+`data:` object with a `sequence_number`), on the shared streaming relay (`GenerationStream`: the
+worker reader, the finisher that records, abort on a dropped client) and the incremental output
+parsers chat streaming uses.
+
+Items open as the parser finds them and close when the next one starts: a reasoning item
+(`response.reasoning_text.delta`), a message (`response.output_text.delta`), and each function call,
+which the parser yields whole (added, its arguments as one delta, done). `response.completed` (or
+`response.incomplete` when `max_output_tokens` cut it) carries the full response, once it is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from proxy.balancer import Worker
+from proxy.generation import ChoiceResult, GenerationPlan
+from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
+from proxy.responses import tool_call_id
+from proxy.responses_api_input import ResponsesRequest
+from proxy.responses_api_output import (
+    function_call_item,
+    item_status,
+    message_item,
+    new_item_id,
+    reasoning_item,
+    response_object,
+    usage,
+)
+from proxy.schemas import ChatCompletionRequest
+from proxy.services import ProxyServices
+from proxy.streaming import GenerationStream
+
+
+def named_sse(event_type: str, payload: dict[str, Any]) -> bytes:
+    return b"event: " + event_type.encode() + b"\ndata: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+class ResponsesStream(GenerationStream):
+    """One streaming `POST /v1/responses` (a single choice)."""
+
+    def __init__(
+        self, services: ProxyServices, plan: GenerationPlan, body: ResponsesRequest,
+        chat: ChatCompletionRequest, request_json: dict[str, Any], worker: Worker,
+        stream: AsyncGenerator[dict[str, Any], None], first: dict[str, Any],
+        on_recorded: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.body = body
+        self._parser = plan.output.stream()
+        self._parsed = False
+        self._sequence = 0
+        self._items: list[dict[str, Any]] = []  # every item opened so far, in output order
+        self._open: dict[str, Any] | None = None  # the item still receiving text
+        self._reasoning = ""
+        self._final: dict[str, Any] | None = None
+        super().__init__(
+            services, plan, request_json, worker, stream, first, chat.stop_strings(), on_recorded
+        )
+
+    def _send(self, event_type: str, **fields: Any) -> None:
+        payload = {"type": event_type, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        self._queue.put_nowait(named_sse(event_type, payload))
+
+    def _opening(self) -> None:
+        response = response_object(self.plan, self.body, [], None, None)
+        self._send("response.created", response=response)
+        self._send("response.in_progress", response=response)
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        choice = self.choices[0]
+        delta, _start, _end = choice.advance(worker_chunk)
+        events = self._parser.feed(delta) if delta else []
+        if choice.finished and not self._parsed:
+            self._parsed = True
+            events += self._parser.finish()
+        for event in events:
+            self._relay(event)
+
+    def _relay(self, event: StreamEvent) -> None:
+        if isinstance(event, ContentDelta | ReasoningDelta):
+            if not event.text:
+                return
+            self._note_content()
+            kind = "message" if isinstance(event, ContentDelta) else "reasoning"
+            item = self._open if self._open is not None and self._open["type"] == kind else self._start(kind)
+            item["content"][0]["text"] += event.text
+            if kind == "reasoning":
+                self._reasoning += event.text
+            self._send(_delta_event(kind), item_id=item["id"], output_index=len(self._items) - 1,
+                       content_index=0, delta=event.text, **({"logprobs": []} if kind == "message" else {}))
+            return
+        self._close_open()
+        call = function_call_item(new_item_id("fc"), tool_call_id(), event.call, "completed")
+        self._items.append(call)
+        index = len(self._items) - 1
+        self._send("response.output_item.added", output_index=index,
+                   item={**call, "arguments": "", "status": "in_progress"})
+        self._send("response.function_call_arguments.delta", item_id=call["id"], output_index=index,
+                   delta=call["arguments"])
+        self._send("response.function_call_arguments.done", item_id=call["id"], output_index=index,
+                   name=call["name"], arguments=call["arguments"])
+        self._send("response.output_item.done", output_index=index, item=call)
+
+    def _start(self, kind: str) -> dict[str, Any]:
+        """Close the open item and open a `kind` item (message or reasoning) with empty text."""
+        self._close_open()
+        if kind == "message":
+            item = message_item(new_item_id("msg"), "", "in_progress")
+        else:
+            item = reasoning_item(new_item_id("rs"), "", "in_progress")
+        self._items.append(item)
+        self._open = item
+        index = len(self._items) - 1
+        self._send("response.output_item.added", output_index=index, item=copy.deepcopy(item))
+        self._send("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                   part=_empty_part(item))
+        return item
+
+    def _close_open(self, status: str = "completed") -> None:
+        item, self._open = self._open, None
+        if item is None:
+            return
+        item["status"] = status
+        index = self._items.index(item)
+        part = item["content"][0]
+        done: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
+        self._send(_done_event(item["type"]), item_id=item["id"], output_index=index, content_index=0,
+                   text=part["text"], **done)
+        self._send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                   part=copy.deepcopy(part))
+        self._send("response.output_item.done", output_index=index, item=copy.deepcopy(item))
+
+    def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        """The recorded response: the items as streamed, the still-open one with its final status."""
+        finish = results[0].finish_reason if results else "abort"
+        output = copy.deepcopy(self._items)
+        for item in output:
+            if item["type"] != "function_call" and item["status"] == "in_progress":
+                item["status"] = item_status(finish)
+        usage_json = usage(self.plan, results, self.services.tokenizer, self._reasoning or None)
+        self._final = response_object(self.plan, self.body, output, finish, usage_json)
+        return self._final
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        final = self._final if self._final is not None else self._response(results)
+        self._close_open(item_status(results[0].finish_reason if results else "abort"))
+        self._send("response.incomplete" if final["status"] == "incomplete" else "response.completed",
+                   response=final)
+
+
+def _delta_event(kind: str) -> str:
+    return "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+
+
+def _done_event(kind: str) -> str:
+    return "response.output_text.done" if kind == "message" else "response.reasoning_text.done"
+
+
+def _empty_part(item: dict[str, Any]) -> dict[str, Any]:
+    if item["type"] == "message":
+        return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return {"type": "reasoning_text", "text": ""}

@@ -1,0 +1,360 @@
+"""The Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`) through the real proxy, driven by
+the real `openai` client over HTTP: a scripted worker spells its replies with the tiny model's tokenizer
+(text, Hermes `<tool_call>` markup), and every call must leave a completion recorded token-exactly: its
+prompt ids are the chat template's rendering of the request's items, its output ids the worker's."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel
+
+from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
+    LoopThread,
+    Proxy,
+    ProxyFactory,
+    new_session_key,
+    proxies_fixture,
+    run_db,
+    servers_fixture,
+)
+from tests.support import scripted_worker
+from tests.support.scripted_worker import ScriptedWorker
+from tests.support.text_script import TextScript
+
+TOOLS = [{
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": False,
+}]
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ANSWER = "It is 21 degrees in Paris."
+GREETING = "Hello! How can I help you today?"
+JSON_ANSWER = '{"city": "Paris", "degrees": 21}'
+STORY = " ".join(["once upon a time there was a small model that told long stories"] * 12)
+QUESTION = "What is the weather in Paris?"
+
+
+def reply(prompt: str) -> str:
+    if "<tool_response>" in prompt:
+        return ANSWER
+    if "weather" in prompt:
+        return CALL
+    if "as JSON" in prompt:
+        return JSON_ANSWER
+    if "story" in prompt:
+        return STORY
+    return GREETING
+
+
+@pytest.fixture(name="script")
+def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
+    script = TextScript(tiny_model_dir, reply)
+    monkeypatch.setattr(scripted_worker, "token_text", script.text)
+    return script
+
+
+@pytest.fixture(name="worker")
+def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
+    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
+    yield worker
+    servers.call(worker.stop())
+
+
+@pytest.fixture(name="proxy")
+def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
+    return proxies.start([worker.url], tool_call_parser="hermes")
+
+
+def rendered(script: TextScript, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+             ) -> list[int]:
+    """The prompt ids the chat template gives these chat messages."""
+    text = script.tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    return list(script.tokenizer.encode(text, add_special_tokens=False))
+
+
+def worker_inputs(worker: ScriptedWorker) -> list[list[int]]:
+    return [r.body["input_ids"] for r in worker.requests if r.path == "/generate"]
+
+
+def assert_recorded(proxy: Proxy, script: TextScript, response_id: str, prompt_ids: list[int]) -> Any:
+    """The call's completion: the rendered prompt, the worker's exact output ids (end of turn included)."""
+    row = proxy.completion(response_id)
+    assert script.tokenizer.decode(list(row.prompt_ids)) == script.tokenizer.decode(prompt_ids)
+    assert list(row.prompt_ids) == prompt_ids
+    assert list(row.output_ids) == script.output_ids(prompt_ids)
+    assert len(row.output_logprobs) == len(row.output_versions) == len(row.output_ids)
+    assert row.response_json["id"] == response_id and row.response_json["object"] == "response"
+    return row
+
+
+def test_string_input_answers_a_response_and_records_the_rendered_prompt(
+    proxy: Proxy, script: TextScript, worker: ScriptedWorker
+) -> None:
+    client = proxy.client()
+    response = client.responses.create(model="m", input="Say hello")
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "completed" and response.model == "m"
+    assert response.output_text == GREETING
+    message = response.output[0]
+    assert message.type == "message" and message.id.startswith("msg_") and message.status == "completed"
+    prompt_ids = rendered(script, [{"role": "user", "content": "Say hello"}])
+    assert worker_inputs(worker) == [prompt_ids]
+    assert response.usage is not None
+    assert response.usage.input_tokens == len(prompt_ids)
+    assert response.usage.output_tokens == len(script.output_ids(prompt_ids))
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+    row = assert_recorded(proxy, script, response.id, prompt_ids)
+    assert row.finish_reason == "stop" and row.request_json["input"] == "Say hello"
+
+    again = client.responses.retrieve(response.id)  # store defaults to true
+    assert again.model_dump() == response.model_dump()
+
+
+def test_items_with_instructions_and_content_parts(proxy: Proxy, script: TextScript) -> None:
+    items = [
+        {"role": "developer", "content": "Answer in English."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]},
+        {"role": "user", "content": "Again please"},
+    ]
+    response = proxy.client().responses.create(model="m", instructions="Be brief.", input=items)  # type: ignore[arg-type]
+    assert response.output_text == GREETING and response.instructions == "Be brief."
+    messages = [
+        {"role": "system", "content": "Be brief."}, {"role": "developer", "content": "Answer in English."},
+        {"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "Again please"},
+    ]
+    assert_recorded(proxy, script, response.id, rendered(script, messages))
+
+
+def collect_stream(stream: Any) -> tuple[list[Any], Any]:
+    events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    return events, events[-1].response
+
+
+def test_streaming_sends_the_named_event_sequence(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    whole = client.responses.create(model="m", input="Say hello")
+    with client.responses.create(model="m", input="Say hello", stream=True) as stream:
+        events, final = collect_stream(stream)
+    names = [e.type for e in events]
+    assert names[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert set(names[4:-4]) == {"response.output_text.delta"}
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == GREETING == final.output_text == whole.output_text
+    item_id = events[2].item.id
+    assert {e.item_id for e in events if hasattr(e, "item_id")} == {item_id}
+    assert final.status == "completed" and final.output[0].id == item_id
+    assert final.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    prompt_ids = rendered(script, [{"role": "user", "content": "Say hello"}])
+    row = assert_recorded(proxy, script, final.id, prompt_ids)
+    assert row.response_json == final.model_dump(mode="json", exclude_unset=True)
+
+
+def test_raw_stream_is_named_server_sent_events(proxy: Proxy) -> None:
+    body = {"model": "m", "input": "Say hello", "stream": True}
+    headers = {"Authorization": f"Bearer {proxy.session_key}"}
+    with httpx.stream("POST", f"{proxy.v1}/responses", json=body, headers=headers, timeout=30) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        blocks = answer.read().decode().strip().split("\n\n")
+    for block in blocks:
+        event_line, data_line = block.split("\n")
+        assert event_line.startswith("event: ") and data_line.startswith("data: ")
+        assert json.loads(data_line[len("data: "):])["type"] == event_line[len("event: "):]
+    assert blocks[-1].startswith("event: response.completed")
+
+
+def function_calls(response: Any) -> list[Any]:
+    return [item for item in response.output if item.type == "function_call"]
+
+
+def test_function_tool_round_trip_resends_the_whole_input(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    user = {"role": "user", "content": QUESTION}
+    first = client.responses.create(model="m", input=[user], tools=TOOLS)  # type: ignore[arg-type,list-item]
+    calls = function_calls(first)
+    assert len(calls) == 1 and first.output == calls  # no text besides the call
+    call = calls[0]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_") and call.status == "completed"
+    assert first.status == "completed" and first.tools[0].name == "get_weather"  # type: ignore[union-attr]
+    assert_recorded(proxy, script, first.id, rendered(script, [user], CHAT_TOOLS))
+
+    # Turn 2 as PROTOCOLS.md observed it: the user message, the function_call item, then its output.
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"degrees": 21}'}
+    second = client.responses.create(
+        model="m", tools=TOOLS, input=[user, call.model_dump(exclude_none=True), output],  # type: ignore[arg-type,list-item]
+    )
+    assert second.output_text == ANSWER and not function_calls(second)
+    messages = [
+        user,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": '{"degrees": 21}'},
+    ]
+    assert_recorded(proxy, script, second.id, rendered(script, messages, CHAT_TOOLS))
+    assert "<tool_response>" in script.prompts[-1]
+
+
+def test_previous_response_id_chains_stored_responses(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    user = {"role": "user", "content": QUESTION}
+    first = client.responses.create(model="m", input=QUESTION, tools=TOOLS)  # type: ignore[arg-type]
+    call = function_calls(first)[0]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"degrees": 21}'}
+    chained = client.responses.create(
+        model="m", tools=TOOLS, previous_response_id=first.id, input=[output],  # type: ignore[arg-type,list-item]
+    )
+    assert chained.output_text == ANSWER and chained.previous_response_id == first.id
+    resent = client.responses.create(
+        model="m", tools=TOOLS, input=[user, call.model_dump(exclude_none=True), output],  # type: ignore[arg-type,list-item]
+    )
+    row = proxy.completion(chained.id)
+    assert list(row.prompt_ids) == list(proxy.completion(resent.id).prompt_ids)  # the same prompt either way
+    assert row.request_json["input"] == [output]  # the record keeps what the client sent
+
+    third = client.responses.create(model="m", previous_response_id=chained.id, input="Thanks, tell a story")
+    messages = [
+        user,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": '{"degrees": 21}'},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": "Thanks, tell a story"},
+    ]
+    assert_recorded(proxy, script, third.id, rendered(script, messages))  # no tools: not re-sent
+
+
+def test_previous_response_id_unknown_other_session_or_unstored_is_404(
+    proxy: Proxy, script: TextScript
+) -> None:
+    client = proxy.client()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model="m", input="hi", previous_response_id="resp_doesnotexist")
+    assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    mine = client.responses.create(model="m", input="Say hello")
+    _, other_key = run_db(proxy.db_url, new_session_key)
+    other = proxy.client(other_key)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="m", input="hi", previous_response_id=mine.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(mine.id)
+    admin = proxy.client(proxy.admin_key)
+    assert admin.responses.retrieve(mine.id).output_text == GREETING  # an admin key sees every session
+    chained = admin.responses.create(model="m", input="Again", previous_response_id=mine.id)
+    assert chained.output_text == GREETING
+
+    unstored = client.responses.create(model="m", input="Say hello", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    proxy.completion(unstored.id)  # recorded for training all the same
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(proxy.completions()[0].id.replace("resp_", "chatcmpl-"))
+
+
+def test_max_output_tokens_makes_an_incomplete_response(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    response = client.responses.create(model="m", input="Tell a story", max_output_tokens=5)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].status == "incomplete"  # type: ignore[union-attr]
+    row = proxy.completion(response.id)
+    assert row.finish_reason == "length" and len(row.output_ids) == 5
+    assert list(row.output_ids) == script.output_ids(list(row.prompt_ids))[:5]
+    with client.responses.create(model="m", input="Tell a story", max_output_tokens=5, stream=True) as stream:
+        events, final = collect_stream(stream)
+    assert events[-1].type == "response.incomplete" and final.status == "incomplete"
+    assert final.output_text == response.output_text
+
+
+def test_streamed_and_non_streamed_function_calls_agree(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    whole = client.responses.create(model="m", input=QUESTION, tools=TOOLS)  # type: ignore[arg-type]
+    with client.responses.create(model="m", input=QUESTION, tools=TOOLS, stream=True) as stream:  # type: ignore[arg-type]
+        events, final = collect_stream(stream)
+    names = [e.type for e in events]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+    added, done = events[2].item, events[5].item
+    assert added.type == "function_call" and added.arguments == "" and added.status == "in_progress"
+    streamed = (done.name, json.loads(done.arguments))
+    expected = [(c.name, json.loads(c.arguments)) for c in function_calls(whole)]
+    assert [streamed] == expected == [("get_weather", {"city": "Paris"})]
+    assert events[4].arguments == done.arguments == function_calls(whole)[0].arguments
+    assert function_calls(final)[0].call_id == done.call_id
+    prompt_ids = rendered(script, [{"role": "user", "content": QUESTION}], CHAT_TOOLS)
+    assert_recorded(proxy, script, whole.id, prompt_ids)
+    assert_recorded(proxy, script, final.id, prompt_ids)
+
+
+def test_unsupported_tools_and_items_are_openai_shaped_400s(proxy: Proxy) -> None:
+    client = proxy.client()
+    with pytest.raises(openai.BadRequestError) as tool:
+        client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
+    assert "web_search" in tool.value.message and tool.value.body["param"] == "tools[0]"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as item:
+        client.responses.create(model="m", input=[{"type": "item_reference", "id": "x"}])  # type: ignore[list-item]
+    assert item.value.body["param"] == "input[0]"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(
+            model="m", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],  # type: ignore[misc]
+        )
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="m", input="hi", temperature=3)
+    assert proxy.count_completions() == 0
+
+
+class Weather(BaseModel):
+    city: str
+    degrees: int
+
+
+def test_responses_parse_reads_structured_output(proxy: Proxy) -> None:
+    parsed = proxy.client().responses.parse(model="m", input="Give the forecast as JSON", text_format=Weather)
+    assert parsed.output_parsed == Weather(city="Paris", degrees=21)
+    assert parsed.output_text == JSON_ANSWER
+
+
+def test_dropped_stream_is_recorded_as_abort(
+    proxy: Proxy, script: TextScript, worker: ScriptedWorker
+) -> None:
+    worker.token_delay_s = 0.02
+    received, response_id = "", ""
+    with proxy.client().responses.create(model="m", input="Tell a story", stream=True) as stream:
+        for event in stream:
+            if event.type == "response.created":
+                response_id = event.response.id
+            received += getattr(event, "delta", "") if event.type == "response.output_text.delta" else ""
+            if len(received) >= 10:
+                break
+    row = None
+    deadline = time.monotonic() + 20
+    while row is None and time.monotonic() < deadline:
+        row = next((c for c in proxy.completions() if c.id == response_id), None)
+        time.sleep(0.05)
+    assert row is not None, "the dropped stream was not recorded"
+    assert row.finish_reason == "abort" and row.response_json["status"] == "cancelled"
+    assert 0 < len(row.output_ids) < len(script.output_ids(list(row.prompt_ids)))
+    assert list(row.output_ids) == script.output_ids(list(row.prompt_ids))[:len(row.output_ids)]
