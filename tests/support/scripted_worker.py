@@ -71,6 +71,10 @@ class RecordedRequest:
     """Parsed JSON body; None when empty or not JSON."""
 
 
+class _Killed(Exception):
+    """The worker was killed (`crash_after_tokens`): drop the connection."""
+
+
 class _BadRequest(Exception):
     def __init__(self, payload: Any) -> None:
         super().__init__(str(payload))
@@ -127,6 +131,11 @@ class ScriptedWorker:
         """False makes /health and /health_generate answer 503 (a server still starting)."""
         self.weight_load_error: str | None = None
         """When set, /update_weights_from_disk fails with this message (HTTP 400, success false)."""
+        self.crash_after_tokens: int | None = None
+        """When set, a /generate whose sample reaches this many output tokens kills the worker: that
+        connection is dropped (a stream after sending the chunk with those tokens) and from then on every
+        connection is dropped and /health is never answered 200 again, as with a killed process."""
+        self.dead = False
         self.requests: list[RecordedRequest] = []
         self.paused_mode: str | None = None
         self._changed = asyncio.Event()
@@ -183,6 +192,8 @@ class ScriptedWorker:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.dead:
+            return _drop(request)
         raw = await request.read()
         body: Any = None
         if raw:
@@ -200,6 +211,8 @@ class ScriptedWorker:
             return await handler(request)
         except _BadRequest as exc:
             return _json({"error": exc.payload}, status=400)
+        except _Killed:
+            return _drop(request)
 
     # ---- state changes (pause, continue, abort, weights) wake waiting generations --------------
 
@@ -250,6 +263,7 @@ class ScriptedWorker:
                 if indexed:
                     chunk["index"] = sample.index
                 await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                self._maybe_die(sample)
                 if sample.finish_reason is not None:
                     active.remove(sample)
         await response.write(b"data: [DONE]\n\n")
@@ -260,6 +274,21 @@ class ScriptedWorker:
         while sample.finish_reason is None:
             await self._gate(sample)
             self._step(sample)
+            self._maybe_die(sample)
+
+    def _maybe_die(self, sample: _Sample) -> None:
+        if self.crash_after_tokens is not None and len(sample.output_ids) >= self.crash_after_tokens:
+            self.dead = True
+            self.healthy = False
+            raise _Killed
+
+    def set_paused(self, mode: str | None) -> None:
+        """Pause (`in_place` holds requests, `abort` also aborts those in flight) or continue (None), as
+        /pause_generation and /continue_generation do. Call it on the worker's event loop."""
+        self.paused_mode = mode
+        if mode == "abort":
+            self._abort("Abort by pause_generation")
+        self._notify()
 
     async def _gate(self, sample: _Sample) -> None:
         """Per-step latency, and the pause: a paused scheduler holds requests until continue/abort."""
@@ -417,6 +446,13 @@ class ScriptedWorker:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
+
+
+def _drop(request: web.Request) -> web.Response:
+    """Close the connection without an answer (the returned response is never sent)."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=500)
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
