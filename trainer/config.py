@@ -147,9 +147,18 @@ class RayConfig(_Strict):
 class WeightPushConfig(_Strict):
     """How a new checkpoint reaches the serving workers (`/update_weights_from_disk` on every worker)."""
 
-    pause_mode: Literal["in_place", "retract", "abort"] | None = None
-    """Pause generation with this mode before the update and continue after it. None (the default)
-    relies on SGLang's writer lock: the update waits for in-flight requests, new ones wait for it."""
+    pause_mode: Literal["in_place", "retract", "abort"] | None = "abort"
+    """Pause generation with this mode before the update and continue after it.
+
+    `abort` (the default): in-flight requests end at once with their partial output and the proxy
+    resumes each as prompt + tokens so far on the new weights (proxy/resume.py), so every token is
+    generated, KV cache included, by the version recorded for it, and the push never waits for long
+    generations. It works on every SGLang version (older ones only abort) and on the CPU engine.
+    `retract` does the same inside newer SGLang (requests requeued, prefilled again on continue);
+    `in_place` keeps requests and their old-weight KV cache (fastest; per-token versions come from the
+    worker's `weight_versions` spans). None relies on SGLang's writer lock: the update waits for every
+    in-flight request to finish and holds new ones back meanwhile (a stalled trainer with agents that
+    generate for minutes)."""
     flush_cache: bool = True
     """Drop the workers' prefix caches with the update (their entries belong to the old weights)."""
 

@@ -207,7 +207,7 @@ async def test_push_pauses_in_place_and_always_continues(workers: list[ScriptedW
 
 async def test_push_without_pause_only_updates(workers: list[ScriptedWorker]) -> None:
     async with WorkerPool(ClientConfig(), [w.url for w in workers]) as pool:
-        assert await push_weights(pool.clients, "/ckpt/v000001", 1, WeightPushConfig()) >= 0
+        assert await push_weights(pool.clients, "/ckpt/v000001", 1, WeightPushConfig(pause_mode=None)) >= 0
     for worker in workers:
         assert [r.path for r in worker.requests] == ["/update_weights_from_disk"]
         assert worker.requests[0].body == {

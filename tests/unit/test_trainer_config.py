@@ -12,7 +12,7 @@ def test_defaults_are_synchronous_grpo_with_one_update_per_batch() -> None:
     config = TrainerConfig()
     assert config.max_head_offpolicyness == 0 and config.algorithm.advantage.kind == "grpo"
     assert config.ppo_epochs == config.minibatches == 1 and config.micro_batch_size is None
-    assert config.weights.pause_mode is None and config.ray.address is None
+    assert config.weights.pause_mode == "abort" and config.ray.address is None
 
 
 def test_nested_keys_parse_and_unknown_keys_fail() -> None:
