@@ -25,7 +25,7 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     servers_fixture,
 )
 from tests.support import scripted_worker
-from tests.support.recorded import full_prompt_ids
+from tests.support.recorded import assert_token_exact, output_text
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -108,19 +108,14 @@ def test_hermes_agent_runs_a_tool_conversation_through_the_proxy(
     # Both calls are recorded in the session, token-exactly: the prompt ids the worker got and the ids
     # it generated. hermes-agent streams, so the answers went out as chunks.
     rows = proxy.completions()
-    sent = {r.body["rid"]: r.body for r in worker.requests_to("/generate")}
-    assert [row.id for row in rows] == list(sent)
+    assert_token_exact(rows, worker, script)
     for row in rows:
         assert row.session_id == proxy.session_id and row.finish_reason == "stop"
         assert row.request_json["stream"] is True
-        assert full_prompt_ids(rows, row) == sent[row.id]["input_ids"]
-        assert row.output_ids.tolist() == script.output_ids(sent[row.id]["input_ids"])
-        assert len(row.output_logprobs) == len(row.output_versions) == len(row.output_ids)
     first, second = rows
     # The second call continues the first (DESIGN.md section 3): one trajectory, no branch.
     assert second.parent_id == first.id and not second.branched
-    assert script.tokenizer.decode(first.output_ids.tolist()[:-1]) == CALL
-    assert script.tokenizer.decode(second.output_ids.tolist()[:-1]) == ANSWER
+    assert output_text(first, script) == CALL and output_text(second, script) == ANSWER
     assert [t["function"]["name"] for t in first.request_json["tools"]] == ["todo"]
     assert first.response_json["choices"][0]["message"]["tool_calls"][0]["id"] == call["id"]
     assert "<tool_response>" in script.tokenizer.decode(second.prompt_ids.tolist())
