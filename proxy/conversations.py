@@ -34,6 +34,7 @@ from proxy.conversation_text import (
 )
 from proxy.metrics import ProxyMetrics
 from proxy.recorder import Recorder
+from proxy.responses_api_record import responses_record_keys
 from proxy.schemas import ChatCompletionRequest
 from storage.engine import SessionFactory
 from storage.queries import load_session_completions
@@ -119,6 +120,8 @@ class SessionTree:
 
 def chat_record(record: CompletionRecord) -> tuple[list[MessageKey], str | None, MessageKey] | None:
     """The new message keys, tools key and answer key of a chat completion record; None otherwise."""
+    if record.response_json.get("object") == "response":  # a Responses API call (its own record shape)
+        return responses_record_keys(record)
     try:
         request = ChatCompletionRequest.model_validate(record.request_json)
         message = record.response_json["choices"][0]["message"]

@@ -6,13 +6,16 @@ like a chat completion, with the same output parsers; the answer is a `response`
 recorded completion whose id is the response's `resp_…` id; its request_json and response_json are the
 stored response: `GET /v1/responses/{id}` answers the response_json, and `previous_response_id` puts the
 earlier request's input (and, recursively, its own previous response's) and output before this input.
-Stored responses are visible to their own session's key and to admin keys; `store: false` ones to
-nobody (the completion is still recorded for training).
+The prompt is chained in the session's conversation tree like a chat call's (proxy/conversations.py;
+proxy.responses_api_record says what a Responses call adds to it). Stored responses are visible to
+their own session's key and to admin keys; `store: false` ones to nobody (the completion is still
+recorded for training).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -25,6 +28,7 @@ from proxy.chat import (
     SESSION_HEADER,
     SSE_HEADERS,
     answer_json,
+    chat_prompt,
     count_generated,
     open_call_session,
     output_parser,
@@ -36,6 +40,7 @@ from proxy.generation import GenerationPlan, generate, open_stream, plan_generat
 from proxy.responses import completion_records
 from proxy.responses_api_input import ResponsesRequest, chat_request
 from proxy.responses_api_output import RESPONSE_PREFIX, complete_response, new_response_id
+from proxy.responses_api_record import CHAT_VIEW, chat_view
 from proxy.responses_api_stream import ResponsesStream
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices, get_services
@@ -54,12 +59,19 @@ async def create_response(
     history = await previous_items(services, principal, body.previous_response_id)
     chat = chat_request(body, history, request_json)
     session_id = principal.session_id or uuid.uuid4().hex
-    prompt_ids = await render_prompt(services, session_id, chat)
+    conversation = await chat_prompt(services, principal, session_id, chat)
+    prompt_ids = conversation.prompt_ids
     plan = plan_generation(
         chat, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
         services.served_model_name, output_parser(chat, services.config, services.tokenizer, prompt_ids),
         completion_ids=(new_response_id(),), prompt_param="input",
     )
+    plan = replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
+                   branched=conversation.branched)
+    # The request as sent (for GET and previous_response_id), and for the conversation tree the chat
+    # messages this call adds to its parent's history.
+    new_messages = chat.template_messages()[conversation.new_from:]
+    request_json = {**request_json, CHAT_VIEW: chat_view(new_messages, chat.template_tools())}
     end_call_session = None if principal.session_id else await open_call_session(services, session_id)
     headers = {SESSION_HEADER: session_id}
     if not body.streaming:
@@ -76,13 +88,6 @@ async def create_response(
     )
     return StreamingResponse(
         responses_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-    )
-
-
-async def render_prompt(services: ProxyServices, session_id: str, chat: ChatCompletionRequest) -> list[int]:
-    """The prompt token ids of this call (the one place to switch to conversation-tree rendering)."""
-    return await services.tokenizer.render_async(
-        chat.template_messages(), chat.template_tools(), services.config.tokenize_in_thread_chars
     )
 
 

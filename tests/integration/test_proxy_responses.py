@@ -89,11 +89,22 @@ def worker_inputs(worker: ScriptedWorker) -> list[list[int]]:
     return [r.body["input_ids"] for r in worker.requests if r.path == "/generate"]
 
 
+def full_prompt(proxy: Proxy, completion_id: str) -> list[int]:
+    """A completion's whole prompt: a chained one records only its suffix after the parent's prompt and
+    output."""
+    row = proxy.completion(completion_id)
+    if row.parent_id is None:
+        return list(row.prompt_ids)
+    parent = proxy.completion(row.parent_id)
+    return [*full_prompt(proxy, parent.id), *parent.output_ids.tolist(), *row.prompt_ids.tolist()]
+
+
 def assert_recorded(proxy: Proxy, script: TextScript, response_id: str, prompt_ids: list[int]) -> Any:
     """The call's completion: the rendered prompt, the worker's exact output ids (end of turn included)."""
     row = proxy.completion(response_id)
-    assert script.tokenizer.decode(list(row.prompt_ids)) == script.tokenizer.decode(prompt_ids)
-    assert list(row.prompt_ids) == prompt_ids
+    recorded = full_prompt(proxy, response_id)
+    assert script.tokenizer.decode(recorded) == script.tokenizer.decode(prompt_ids)
+    assert recorded == prompt_ids
     assert list(row.output_ids) == script.output_ids(prompt_ids)
     assert len(row.output_logprobs) == len(row.output_versions) == len(row.output_ids)
     assert row.response_json["id"] == response_id and row.response_json["object"] == "response"
@@ -186,7 +197,9 @@ def function_calls(response: Any) -> list[Any]:
     return [item for item in response.output if item.type == "function_call"]
 
 
-def test_function_tool_round_trip_resends_the_whole_input(proxy: Proxy, script: TextScript) -> None:
+def test_function_tool_round_trip_resends_the_whole_input(
+    proxy: Proxy, script: TextScript, worker: ScriptedWorker
+) -> None:
     client = proxy.client()
     user = {"role": "user", "content": QUESTION}
     first = client.responses.create(model="m", input=[user], tools=TOOLS)  # type: ignore[arg-type,list-item]
@@ -213,6 +226,11 @@ def test_function_tool_round_trip_resends_the_whole_input(proxy: Proxy, script: 
     ]
     assert_recorded(proxy, script, second.id, rendered(script, messages, CHAT_TOOLS))
     assert "<tool_response>" in script.prompts[-1]
+    # Turn 2 extends turn 1: chained onto it, history never re-tokenised; the worker saw that prompt.
+    row = proxy.completion(second.id)
+    assert row.parent_id == first.id and not row.branched
+    assert worker_inputs(worker)[-1] == full_prompt(proxy, second.id)
+    assert row.request_json["chat_view"]["messages"] == [messages[-1]]  # only the new message
 
 
 def test_previous_response_id_chains_stored_responses(proxy: Proxy, script: TextScript) -> None:
@@ -229,8 +247,12 @@ def test_previous_response_id_chains_stored_responses(proxy: Proxy, script: Text
         model="m", tools=TOOLS, input=[user, call.model_dump(exclude_none=True), output],  # type: ignore[arg-type,list-item]
     )
     row = proxy.completion(chained.id)
-    assert list(row.prompt_ids) == list(proxy.completion(resent.id).prompt_ids)  # the same prompt either way
+    assert full_prompt(proxy, chained.id) == full_prompt(proxy, resent.id)  # the same prompt either way
     assert row.request_json["input"] == [output]  # the record keeps what the client sent
+    # Both continue the first turn in the session's conversation tree: only the suffix is recorded.
+    assert row.parent_id == proxy.completion(resent.id).parent_id == first.id
+    assert not row.branched and list(row.prompt_ids) == list(proxy.completion(resent.id).prompt_ids)
+    assert len(row.prompt_ids) < len(full_prompt(proxy, chained.id))
 
     third = client.responses.create(model="m", previous_response_id=chained.id, input="Thanks, tell a story")
     messages = [
@@ -243,6 +265,7 @@ def test_previous_response_id_chains_stored_responses(proxy: Proxy, script: Text
         {"role": "user", "content": "Thanks, tell a story"},
     ]
     assert_recorded(proxy, script, third.id, rendered(script, messages))  # no tools: not re-sent
+    assert proxy.completion(third.id).branched  # a new tool list is a changed history (a branch)
 
 
 def test_previous_response_id_unknown_other_session_or_unstored_is_404(
@@ -358,3 +381,28 @@ def test_dropped_stream_is_recorded_as_abort(
     assert row.finish_reason == "abort" and row.response_json["status"] == "cancelled"
     assert 0 < len(row.output_ids) < len(script.output_ids(list(row.prompt_ids)))
     assert list(row.output_ids) == script.output_ids(list(row.prompt_ids))[:len(row.output_ids)]
+
+
+def test_chat_and_responses_turns_chain_onto_each_other(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    user = {"role": "user", "content": QUESTION}
+    chat = client.chat.completions.create(model="m", messages=[user], tools=CHAT_TOOLS)  # type: ignore[arg-type,list-item]
+    call = (chat.choices[0].message.tool_calls or [])[0]
+    items = [
+        user,
+        {"type": "function_call", "call_id": call.id, "name": call.function.name,  # type: ignore[union-attr]
+         "arguments": call.function.arguments},  # type: ignore[union-attr]
+        {"type": "function_call_output", "call_id": call.id, "output": '{"degrees": 21}'},
+    ]
+    response = client.responses.create(model="m", tools=TOOLS, input=items)  # type: ignore[arg-type]
+    assert response.output_text == ANSWER
+    assert proxy.completion(response.id).parent_id == chat.id
+    follow_up = [
+        user, chat.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"degrees": 21}'},
+        {"role": "assistant", "content": response.output_text}, {"role": "user", "content": "And a story?"},
+    ]
+    last = client.chat.completions.create(model="m", messages=follow_up, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+    row = proxy.completion(last.id)
+    assert row.parent_id == response.id and not row.branched
+    assert last.choices[0].message.content == ANSWER
