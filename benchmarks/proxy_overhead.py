@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.overhead import stacks
 from benchmarks.overhead.load import Measurement, Target, chat_target, generate_target, measure
+from benchmarks.overhead.stacks import Server
 
 STACKS = ("worker", "worker-generate", "passthrough", "flywheel-sqlite", "flywheel-postgres", "litellm")
 BASELINE = "worker"
@@ -51,6 +52,10 @@ class Row:
     ok: int
     errors: int
     first_error: str | None
+    cpu_ms: float
+    """CPU time of the stack's processes per answered request (warm-up included): robust to the
+    machine's other load, unlike rates and latencies."""
+    worker_cpu_ms: float
     p50_added_ms: float = math.nan
     p99_added_ms: float = math.nan
 
@@ -67,56 +72,69 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def _sweep(run: Run, name: str, target: Callable[[bool], Target]) -> int:
+def _sweep(run: Run, name: str, server: Server, worker: Server, target: Callable[[bool], Target]) -> int:
     """Measure `name` at every concurrency, non-streaming then streaming; the successful requests."""
     total = 0
     for stream in (False, True):
         for clients in run.args.clients:
+            cpu_before = server.cpu_seconds(), worker.cpu_seconds()
             result: Measurement = measure(target(stream), clients, run.args.seconds, run.args.warmup, stream)
-            total += result.total_ok
-            run.rows.append(
-                Row(
-                    name,
-                    stream,
-                    clients,
-                    result.rate,
-                    result.percentile(50),
-                    result.percentile(99),
-                    result.ok,
-                    result.errors,
-                    result.first_error,
+            served = max(result.total_ok, 1)
+            cpu_ms = [
+                (after - before) * 1000 / served
+                for before, after in zip(
+                    cpu_before, (server.cpu_seconds(), worker.cpu_seconds()), strict=True
                 )
+            ]
+            total += result.total_ok
+            row = Row(
+                name,
+                stream,
+                clients,
+                result.rate,
+                result.percentile(50),
+                result.percentile(99),
+                result.ok,
+                result.errors,
+                result.first_error,
+                cpu_ms[0],
+                cpu_ms[1],
             )
+            run.rows.append(row)
             print(
-                f"  {name:<18} stream={stream!s:<5} clients={clients:<3} {result.rate:8.0f} req/s  "
-                f"p50 {result.percentile(50):7.2f} ms  p99 {result.percentile(99):7.2f} ms  "
-                f"errors {result.errors}",
+                f"  {name:<18} stream={stream!s:<5} clients={clients:<3} {row.rate:8.0f} req/s  "
+                f"p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms  cpu {row.cpu_ms:.2f} ms/req  "
+                f"errors {row.errors}",
                 flush=True,
             )
     return total
 
 
-def _stack(run: Run, name: str, worker_url: str, logs: Path) -> None:
+def _stack(run: Run, name: str, worker: Server, logs: Path) -> None:
     args = run.args
     run.load.append(f"before {name}: {_uptime()}")
+
+    def chat(server: Server, model: str = stacks.BENCH_MODEL) -> Callable[[bool], Target]:
+        return lambda stream: chat_target(server.url, model, args.max_tokens, stream, server.keys)
+
     if name == "worker":
-        _sweep(run, name, lambda s: chat_target(worker_url, stacks.BENCH_MODEL, args.max_tokens, s, ()))
+        _sweep(run, name, worker, worker, chat(worker))
     elif name == "worker-generate":
-        _sweep(run, name, lambda s: generate_target(worker_url, args.max_tokens, s))
+        _sweep(run, name, worker, worker, lambda s: generate_target(worker.url, args.max_tokens, s))
     elif name == "passthrough":
-        with stacks.passthrough(logs, worker_url) as url:
-            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, ()))
+        with stacks.passthrough(logs, worker.url) as server:
+            _sweep(run, name, server, worker, chat(server))
     elif name == "litellm":
-        with stacks.litellm_proxy(logs, worker_url) as (url, key):
-            _sweep(run, name, lambda s: chat_target(url, stacks.BENCH_MODEL, args.max_tokens, s, (key,)))
+        with stacks.litellm_proxy(logs, worker.url) as server:
+            _sweep(run, name, server, worker, chat(server))
     else:
         database: Callable[[], AbstractContextManager[str]] = (
             stacks.sqlite_database if name == "flywheel-sqlite" else stacks.postgres_database
         )
         with database() as db_url:
             sessions = max(args.clients)
-            with stacks.flywheel_proxy(logs, db_url, worker_url, sessions, args.model) as (url, keys):
-                answered = _sweep(run, name, lambda s: chat_target(url, args.model, args.max_tokens, s, keys))
+            with stacks.flywheel_proxy(logs, db_url, worker.url, sessions, args.model) as server:
+                answered = _sweep(run, name, server, worker, chat(server, args.model))
             # Counted after the proxy stopped (a stream's record may still be in flight as it answers).
             run.recorded[name] = {"answered": answered, "recorded": stacks.count_completions(db_url)}
 
@@ -180,14 +198,15 @@ def markdown(run: Run) -> str:
         f"max_tokens={args.max_tokens}, {args.seconds:g} s per cell after {args.warmup:g} s warm-up, "
         f"{os.cpu_count()} CPUs.",
         "",
-        "| stack | mode | clients | req/s | p50 ms | p99 ms | p50 added ms | p99 added ms | errors |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| stack | mode | clients | req/s | p50 ms | p99 ms | p50 added ms | p99 added ms | CPU ms/req "
+        "| errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in run.rows:
         lines.append(
             f"| {r.stack} | {'stream' if r.stream else 'json'} | {r.clients} | {r.rate:,.0f} | "
             f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {_fmt(r.p50_added_ms)} | {_fmt(r.p99_added_ms)} | "
-            f"{r.errors} |"
+            f"{r.cpu_ms:.2f} | {r.errors} |"
         )
     lines += ["", "| target | stack | mode | value | met |", "| --- | --- | --- | ---: | --- |"]
     for v in verdicts(run):
@@ -256,10 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     run.load.append(f"start: {_uptime()}")
     with _logs() as logs:
         try:
-            with stacks.worker(logs) as worker_url:
+            with stacks.worker(logs) as worker:
                 for name in run.args.only:
                     print(f"{name}:", flush=True)
-                    _stack(run, name, worker_url, logs)
+                    _stack(run, name, worker, logs)
         except Exception:
             for log in sorted(logs.glob("*.log")):
                 print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +26,31 @@ LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = REPO / ".venv-bench" / "litellm"
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_MODEL = "bench"
+
+
+@dataclass(frozen=True)
+class Server:
+    """A started server: its base URL, its process (group) and the bearer keys its clients use."""
+
+    url: str
+    pid: int
+    keys: tuple[str, ...] = ("none",)
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by the server's process group, children included."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == self.pid:  # process group (every server leads its own)
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
 
 
 def free_port() -> int:
@@ -89,15 +115,15 @@ async def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: floa
 
 
 @contextmanager
-def worker(logs: Path) -> Iterator[str]:
+def worker(logs: Path) -> Iterator[Server]:
     port = free_port()
     argv = [sys.executable, "-m", "benchmarks.overhead.worker", "--port", str(port)]
-    with process(argv, f"http://127.0.0.1:{port}/health", logs / "worker.log"):
-        yield f"http://127.0.0.1:{port}"
+    with process(argv, f"http://127.0.0.1:{port}/health", logs / "worker.log") as proc:
+        yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
 
 @contextmanager
-def passthrough(logs: Path, upstream: str) -> Iterator[str]:
+def passthrough(logs: Path, upstream: str) -> Iterator[Server]:
     port = free_port()
     argv = [
         sys.executable,
@@ -109,8 +135,8 @@ def passthrough(logs: Path, upstream: str) -> Iterator[str]:
         upstream,
     ]
     # No health route: any answer to GET / (405) means it is listening; _wait_healthy wants 200.
-    with process(argv, f"http://127.0.0.1:{port}/health", logs / "passthrough.log", timeout_s=60):
-        yield f"http://127.0.0.1:{port}"
+    with process(argv, f"http://127.0.0.1:{port}/health", logs / "passthrough.log", timeout_s=60) as proc:
+        yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
 
 # ---- Flywheel ------------------------------------------------------------------------------------------
@@ -172,9 +198,9 @@ def sqlite_database() -> Iterator[str]:
 @contextmanager
 def flywheel_proxy(
     logs: Path, db_url: str, upstream: str, sessions: int, model: str = "tiny"
-) -> Iterator[tuple[str, list[str]]]:
-    """`flywheel proxy` on `db_url` (migrated first) in front of `upstream`; yields its URL and the keys
-    of `sessions` sessions created through the RL API with an admin key from `flywheel keys create`."""
+) -> Iterator[Server]:
+    """`flywheel proxy` on `db_url` (migrated first) in front of `upstream`; yields it with the keys of
+    `sessions` sessions created through the RL API with an admin key from `flywheel keys create`."""
     port = free_port()
     overrides = [
         f"storage.url={db_url}",
@@ -186,9 +212,10 @@ def flywheel_proxy(
     _flywheel(["db", "upgrade"], overrides)
     admin_key = _flywheel(["keys", "create", "--admin"], overrides).strip().splitlines()[-1]
     argv = [sys.executable, "-m", "flywheel.cli", "proxy", *overrides]
-    with process(argv, f"http://127.0.0.1:{port}/health", logs / f"flywheel-{db_url.split(':')[0]}.log"):
+    log = logs / f"flywheel-{db_url.split(':')[0]}.log"
+    with process(argv, f"http://127.0.0.1:{port}/health", log) as proc:
         base_url = f"http://127.0.0.1:{port}"
-        yield base_url, asyncio.run(_create_sessions(base_url, admin_key, sessions))
+        yield Server(base_url, proc.pid, tuple(asyncio.run(_create_sessions(base_url, admin_key, sessions))))
 
 
 def count_completions(db_url: str) -> int:
@@ -227,9 +254,9 @@ def ensure_litellm() -> Path:
 
 
 @contextmanager
-def litellm_proxy(logs: Path, upstream: str) -> Iterator[tuple[str, str]]:
+def litellm_proxy(logs: Path, upstream: str) -> Iterator[Server]:
     """LiteLLM's proxy (one worker, no database, no callbacks: LiteLLM at its lightest) in front of the
-    worker's /v1/chat/completions; yields its URL and its master key (1.108 refuses to start without)."""
+    worker's /v1/chat/completions; its clients use its master key (1.108 refuses to start without)."""
     binary = ensure_litellm()
     port = free_port()
     master_key = f"sk-{secrets.token_hex(16)}"
@@ -268,5 +295,5 @@ def litellm_proxy(logs: Path, upstream: str) -> Iterator[tuple[str, str]]:
             "1",
         ]
         health = f"http://127.0.0.1:{port}/health/liveliness"
-        with process(argv, health, logs / "litellm.log", env=env, timeout_s=300):
-            yield f"http://127.0.0.1:{port}", master_key
+        with process(argv, health, logs / "litellm.log", env=env, timeout_s=300) as proc:
+            yield Server(f"http://127.0.0.1:{port}", proc.pid, (master_key,))
