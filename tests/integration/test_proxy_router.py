@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
@@ -169,6 +170,33 @@ def test_worker_killed_mid_request_finishes_on_another(
     assert text == scripted_text(output_ids)
     assert metric(proxy, "flywheel_proxy_worker_up", f'worker="{doomed.url}"') == 0
     for worker in (doomed, survivor):
+        servers.call(worker.stop())
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_a_worker_answering_5xx_is_left_for_another(
+    proxies: ProxyFactory, servers: LoopThread, stream: bool
+) -> None:
+    failing, healthy = servers.start_scripted(), servers.start_scripted()
+    failing.generate_status = 503
+    proxy = proxies.start([failing.url, healthy.url])
+    client = proxy.client()
+    created = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5, stream=stream)
+    if stream:
+        chunks = list(created)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        response_id = chunks[0].id
+    else:
+        text, response_id = created.choices[0].message.content or "", created.id
+    assert len(generate_calls(failing)) == 1 and len(generate_calls(healthy)) == 1
+    row = proxy.completion(response_id)
+    assert proxy.count_completions() == 1 and text == scripted_text(row.output_ids.tolist())
+    assert metric(proxy, "flywheel_proxy_worker_up", f'worker="{failing.url}"') == 0
+    only_failing = proxies.start([failing.url])  # no other worker: the client sees the worker's error
+    with pytest.raises(openai.InternalServerError) as error:
+        only_failing.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=5)
+    assert error.value.status_code == 502 and "the worker is failing" in error.value.message
+    for worker in (failing, healthy):
         servers.call(worker.stop())
 
 

@@ -136,6 +136,8 @@ class ScriptedWorker:
         connection is dropped (a stream after sending the chunk with those tokens) and from then on every
         connection is dropped and /health is never answered 200 again, as with a killed process."""
         self.dead = False
+        self.generate_status: int | None = None
+        """When set, /generate answers this HTTP status with an error body (a worker failing)."""
         self.requests: list[RecordedRequest] = []
         self.paused_mode: str | None = None
         self._changed = asyncio.Event()
@@ -229,6 +231,8 @@ class ScriptedWorker:
     # ---- /generate ------------------------------------------------------------------------------
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if self.generate_status is not None:
+            return _json({"error": {"message": "the worker is failing"}}, status=self.generate_status)
         body = request[JSON_BODY]
         samples, as_list = self._parse_generate(body)
         for sample in samples:
