@@ -45,7 +45,12 @@ STORY = " ".join(["once upon a time there was a small model that told long stori
 QUESTION = "What is the weather in Paris?"
 
 
+THINKING = "<think>\nThe user wants a greeting.\n</think>\n\n"
+
+
 def reply(prompt: str) -> str:
+    if "Think first" in prompt:
+        return THINKING + GREETING
     if "<tool_response>" in prompt:
         return ANSWER
     if "weather" in prompt:
@@ -406,3 +411,36 @@ def test_chat_and_responses_turns_chain_onto_each_other(proxy: Proxy, script: Te
     row = proxy.completion(last.id)
     assert row.parent_id == response.id and not row.branched
     assert last.choices[0].message.content == ANSWER
+
+
+def test_reasoning_becomes_a_reasoning_item_streamed_and_not(
+    proxies: ProxyFactory, worker: ScriptedWorker, script: TextScript
+) -> None:
+    proxy = proxies.start([worker.url], reasoning_parser="qwen3")
+    client = proxy.client()
+    whole = client.responses.create(model="m", input="Think first, then greet")
+    assert [item.type for item in whole.output] == ["reasoning", "message"]
+    reasoning = whole.output[0]
+    assert reasoning.id.startswith("rs_")
+    assert [c.text for c in reasoning.content or []] == ["The user wants a greeting."]  # type: ignore[union-attr]
+    assert whole.output_text == GREETING
+    assert whole.usage is not None and 0 < whole.usage.output_tokens_details.reasoning_tokens
+    with client.responses.create(model="m", input="Think first, then greet", stream=True) as stream:
+        events, final = collect_stream(stream)
+    names = [e.type for e in events]
+    assert names[2:5] == ["response.output_item.added", "response.content_part.added",
+                          "response.reasoning_text.delta"]
+    assert "response.reasoning_text.done" in names and names[-1] == "response.completed"
+    reasoned = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert reasoned == "The user wants a greeting."
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == GREETING
+    row = proxy.completion(whole.id)  # the record keeps the raw tokens, <think> block included
+    assert script.tokenizer.decode(list(row.output_ids[:-1])) == THINKING + GREETING
+
+    # The next turn re-sends the reasoning item with the message: it still continues this turn.
+    items = [{"role": "user", "content": "Think first, then greet"},
+             *(item.model_dump(exclude_none=True) for item in whole.output),
+             {"role": "user", "content": "Say hello"}]
+    follow = client.responses.create(model="m", input=items)  # type: ignore[arg-type]
+    assert proxy.completion(follow.id).parent_id == final.id  # the latest of the two equal turns
