@@ -226,7 +226,8 @@ async def test_reward_end_finalize(api: Api) -> None:
         (2, 3, [0]), (2 + 3 + 2, 3, [0])
     ]
     assert [(r["value"], r["completion_id"]) for r in view["rewards"]] == [(0.5, first), (2.0, None)]
-    assert [t.reward for t in await api.trajectories(sid)] == [2.5, 2.0]
+    # One conversation chain, one trajectory: the session reward plus its completions' rewards.
+    assert [t.reward for t in await api.trajectories(sid)] == [2.5]
 
     before = await api.counts()
     late = await api.call("POST", f"/rl/v1/sessions/{sid}/reward", key, {"value": 1})
@@ -258,8 +259,8 @@ async def test_double_finalize_writes_once(api: Api) -> None:
     results = await asyncio.gather(finalizer.finalize(sid), finalizer.finalize(sid))
     await api.settle()
     assert await finalizer.finalize(sid) == 0
-    assert sum(results) in (0, 3)  # the end may have finalized it already
-    assert len(await api.trajectories(sid)) == 3
+    assert sum(results) in (0, 1)  # the end may have finalized it already
+    assert len(await api.trajectories(sid)) == 1  # three chained turns: one conversation trajectory
 
 
 async def test_areal_aliases(api: Api) -> None:
@@ -280,7 +281,8 @@ async def test_areal_aliases(api: Api) -> None:
     ended = await api.call("POST", "/rl/end_session", key, {})
     assert ended.json() == {"message": "success", "interaction_count": 2}
     await api.settle()
-    assert [t.reward for t in await api.trajectories(sid)] == [1.25, 1.0]  # last completion got the 1
+    # The last completion got the 1; the chain's one trajectory sums its rewards.
+    assert [t.reward for t in await api.trajectories(sid)] == [1.25]
 
     group = await api.call("POST", "/rl/start_session", api.admin_key, {"task_id": "t", "group_size": 3})
     assert group.status_code == 201
