@@ -3,8 +3,10 @@
 Callers `await recorder.record(records)`; one background task drains the queue and writes everything
 waiting (up to `batch_max` completions) in one transaction, then resolves each caller's future. While
 one transaction runs, the next batch gathers, so throughput grows with concurrency instead of paying
-one commit per request. If a batch fails, its entries are retried one by one, so one bad entry fails
-only its own caller. A caller gets the exception of its own failed write.
+one commit per request. Each transaction is written the cheapest way its database allows
+(storage/writer.py: one thread hop per transaction on SQLite). If a batch fails, its entries are
+retried one by one, so one bad entry fails only its own caller. A caller gets the exception of its
+own failed write.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 
 from proxy.metrics import ProxyMetrics
 from storage.engine import SessionFactory
-from storage.queries import record_completions
 from storage.records import CompletionRecord
+from storage.writer import completion_writer
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class Recorder:
 
     def __init__(self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics) -> None:
         self._session_factory = session_factory
+        self._writer = completion_writer(session_factory)
         self._batch_max = batch_max
         self._metrics = metrics
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
@@ -56,6 +59,7 @@ class Recorder:
         self._queue.put_nowait(None)
         await self._task
         self._task = None
+        await self._writer.close()
 
     async def record(self, records: Sequence[CompletionRecord]) -> None:
         """Write `records` in one transaction (with whatever else is waiting); returns once committed."""
@@ -93,7 +97,7 @@ class Recorder:
         records = [record for pending in batch for record in pending.records]
         started = time.perf_counter()
         try:
-            await record_completions(self._session_factory, records)
+            await self._writer.write(records)
         except Exception as exc:
             if len(batch) == 1:
                 self._fail(batch[0], exc)
