@@ -120,7 +120,7 @@ def test_string_input_answers_a_response_and_records_the_rendered_prompt(
     proxy: Proxy, script: TextScript, worker: ScriptedWorker
 ) -> None:
     client = proxy.client()
-    response = client.responses.create(model="m", input="Say hello")
+    response = client.responses.create(model="m", input="Say hello", extra_body={"not_a_field": 1})
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.status == "completed" and response.model == "m"
     assert response.output_text == GREETING
@@ -196,6 +196,14 @@ def test_raw_stream_is_named_server_sent_events(proxy: Proxy) -> None:
         assert event_line.startswith("event: ") and data_line.startswith("data: ")
         assert json.loads(data_line[len("data: "):])["type"] == event_line[len("event: "):]
     assert blocks[-1].startswith("event: response.completed")
+    root = httpx.post(f"{proxy.base_url}/responses", json={**body, "stream": False}, headers=headers,
+                      timeout=30)
+    assert root.status_code == 200 and root.json()["output"][0]["content"][0]["text"] == GREETING
+    admin = httpx.post(f"{proxy.v1}/responses", json={"input": "Say hello"}, timeout=30,
+                       headers={"Authorization": f"Bearer {proxy.admin_key}"})
+    session_id = admin.headers["x-flywheel-session-id"]  # an admin call gets its own one-off session
+    assert proxy.completion(admin.json()["id"]).session_id == session_id
+    assert next(s for s in proxy.sessions() if s.id == session_id).status == "ended"
 
 
 def function_calls(response: Any) -> list[Any]:
