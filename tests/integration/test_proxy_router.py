@@ -252,3 +252,21 @@ def test_pause_abort_is_resumed_per_choice(proxies: ProxyFactory, servers: LoopT
                                          for p in range(40 - boundary)]
         assert texts[index] == scripted_text(output_ids)
     servers.call(worker.stop())
+
+
+def test_an_abort_the_proxy_caused_is_recorded_not_resumed(
+    proxies: ProxyFactory, servers: LoopThread
+) -> None:
+    worker = servers.start_scripted(token_delay_s=0.01)
+    proxy = proxies.start([worker.url])
+    stream = proxy.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=500, stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    stream.close()  # the client hangs up: the proxy aborts the request on the worker
+    wait_for(lambda: proxy.count_completions() == 1, "the partial completion")
+    assert proxy.completion(chunk.id).finish_reason == "abort"
+    wait_for(lambda: worker.in_flight == 0, "the worker to stop")
+    assert len(generate_calls(worker)) == 1 and worker.requests_to("/abort_request")
+    assert metric(proxy, "flywheel_proxy_generation_resumes_total", 'cause="abort"') is None
+    servers.call(worker.stop())
