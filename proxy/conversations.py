@@ -75,6 +75,8 @@ class SessionTree:
 
     nodes: dict[str, ConversationNode] = field(default_factory=dict)
     by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
+    openings: set[MessageKey] = field(default_factory=set)
+    """The first message of every conversation in the session."""
 
     def add(self, record: CompletionRecord) -> bool:
         """Learn a recorded completion. False if its parent is unknown (the tree is then incomplete)."""
@@ -94,6 +96,7 @@ class SessionTree:
             output_ids=np.asarray(record.output_ids, dtype=np.int32),
         )
         self.nodes[node.id] = node
+        self.openings.add(path[0])
         self.by_hash.setdefault(prefix_hashes(tools, path)[-1], []).append(node)
         return True
 
@@ -106,6 +109,11 @@ class SessionTree:
                 return False
             pending = left
         return True
+
+    def shares_history(self, keys: Sequence[MessageKey]) -> bool:
+        """Whether a conversation starting with `keys` has something in common with the session's: the
+        same first message. An unrelated call (another task, a title request) starts a new root instead."""
+        return bool(keys) and keys[0] in self.openings
 
     def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> ConversationNode | None:
         """The deepest completion whose messages plus its answer are a prefix of `keys`, leaving at least
@@ -196,13 +204,14 @@ async def conversation_prompt(
     tools: Sequence[dict[str, Any]] | None,
 ) -> ConversationPrompt:
     """The token-exact prompt for `messages` (chat-template form) and `tools` in the session: chained
-    onto the deepest earlier completion they extend, else rendered from scratch (a branch if the session
-    already has completions)."""
+    onto the deepest earlier completion they extend, else rendered from scratch: a branch when it shares
+    its first message with the session's conversations (the client edited or dropped history), a new
+    root otherwise."""
     keys = [message_key(m) for m in messages]
     tools_id = tools_key(tools)
     tree, loaded = await services.conversations.tree(session_id)
     parent = tree.deepest_prefix(tools_id, keys)
-    if parent is None and tree.nodes and not loaded:  # maybe recorded elsewhere or not yet learned
+    if parent is None and tree.nodes and not loaded:  # maybe recorded elsewhere, or not learned yet
         tree, loaded = await services.conversations.tree(session_id, reload=True)
         parent = tree.deepest_prefix(tools_id, keys)
     config, metrics = services.config, services.metrics
@@ -223,7 +232,7 @@ async def conversation_prompt(
             metrics.conversation_turns.labels("chained").inc()
             return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False)
     prompt = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
-    branched = parent is None and bool(tree.nodes)
+    branched = parent is None and tree.shares_history(keys)
     metrics.conversation_turns.labels("branched" if branched else "root").inc()
     if branched:
         logger.info("session %s: history changed; a new branch starts", session_id)

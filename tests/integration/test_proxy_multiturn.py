@@ -261,6 +261,11 @@ def test_an_edited_or_dropped_history_starts_a_flagged_branch(proxy: Proxy) -> N
     rows = session_completions(proxy)
     assert rows[-1].parent_id == rows[2].id and not rows[-1].branched  # the branch goes on chaining
 
+    turn(proxy, [{"role": "user", "content": "Unrelated."}], stream=False)  # shares no history
+    rows = session_completions(proxy)
+    assert rows[-1].parent_id is None and not rows[-1].branched
+    assert metric(proxy.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "branched"}) == 2
+
 
 @pytest.mark.parametrize("thinking", [False], ids=["chatml"])
 def test_a_restarted_proxy_rebuilds_the_tree_from_the_database(

@@ -31,7 +31,7 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- fixtures
 )
 from tests.support.scripted_worker import ScriptedWorker
 
-FINALIZER = {"sweep_interval_s": 0.2, "turn_discount": 1.0}
+FINALIZER = {"sweep_interval_s": 0.2, "turn_discount": 1.0, "style": "individual"}
 
 
 def rest(proxy: Proxy, key: str, method: str, path: str, body: Any = None) -> httpx.Response:

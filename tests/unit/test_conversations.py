@@ -104,6 +104,7 @@ def test_the_deepest_extended_completion_is_chosen_and_rebuilt_from_suffixes() -
     edited = [{"role": "user", "content": "hello"}, *follow_up[1:]]
     assert tree.deepest_prefix(None, keys(edited)) is None
     assert tree.deepest_prefix(tools_key([{"type": "function"}]), keys(follow_up)) is None  # other tools
+    assert tree.shares_history(keys(follow_up)) and not tree.shares_history(keys(edited))
 
 
 def test_a_child_of_an_unknown_parent_is_refused() -> None:
