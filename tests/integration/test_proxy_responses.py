@@ -53,6 +53,8 @@ def reply(prompt: str) -> str:
         return THINKING + GREETING
     if "<tool_response>" in prompt:
         return ANSWER
+    if "Oslo" in prompt:
+        return "Let me check.\n" + CALL.replace("Paris", "Oslo")
     if "weather" in prompt:
         return CALL
     if "as JSON" in prompt:
@@ -452,3 +454,26 @@ def test_reasoning_becomes_a_reasoning_item_streamed_and_not(
              {"role": "user", "content": "Say hello"}]
     follow = client.responses.create(model="m", input=items)  # type: ignore[arg-type]
     assert proxy.completion(follow.id).parent_id == final.id  # the latest of the two equal turns
+
+
+def test_text_then_a_call_streams_a_message_item_closed_before_the_call(proxy: Proxy) -> None:
+    client = proxy.client()
+    question = "What is it like in Oslo?"
+    whole = client.responses.create(model="m", input=question, tools=TOOLS)  # type: ignore[arg-type]
+    with client.responses.create(model="m", input=question, tools=TOOLS, stream=True) as stream:  # type: ignore[arg-type]
+        events, final = collect_stream(stream)
+    names = [e.type for e in events]
+    message_done = names.index("response.output_item.done")
+    assert names[message_done - 2:message_done] == ["response.output_text.done", "response.content_part.done"]
+    assert names[message_done + 1:] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed",
+    ]
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+
+    def shape(response: Any) -> list[tuple[str, str]]:
+        return [(item.type, item.content[0].text if item.type == "message" else item.arguments)
+                for item in response.output]
+
+    assert shape(final) == shape(whole) == [("message", "Let me check."),
+                                            ("function_call", '{"city": "Oslo"}')]
