@@ -137,7 +137,8 @@ async def stored_response(
 async def previous_items(
     services: ProxyServices, principal: Principal, response_id: str | None
 ) -> list[dict[str, Any]]:
-    """The input and output items of `response_id` and of the responses it continued, oldest first."""
+    """The input and output items of `response_id` and of the responses it continued, oldest first.
+    As on OpenAI, their `instructions` and `tools` are not carried over: only this request's count."""
     turns: list[list[dict[str, Any]]] = []
     while response_id is not None:
         if len(turns) >= MAX_CHAIN:
