@@ -77,6 +77,11 @@ class SessionTree:
     by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
     openings: set[MessageKey] = field(default_factory=set)
     """The first message of every conversation in the session."""
+    answers: set[MessageKey] = field(default_factory=set)
+    """The assistant message of every completion in the session."""
+    foreign: set[MessageKey] = field(default_factory=set)
+    """Assistant messages clients sent that no completion of the session answered, even after a reload
+    (few-shot examples, another model's turns): they never trigger a reload again."""
 
     def add(self, record: CompletionRecord) -> bool:
         """Learn a recorded completion. False if its parent is unknown (the tree is then incomplete)."""
@@ -97,6 +102,7 @@ class SessionTree:
         )
         self.nodes[node.id] = node
         self.openings.add(path[0])
+        self.answers.add(answer)
         self.by_hash.setdefault(prefix_hashes(tools, path)[-1], []).append(node)
         return True
 
@@ -109,6 +115,18 @@ class SessionTree:
                 return False
             pending = left
         return True
+
+    def may_be_stale_for(self, keys: Sequence[MessageKey]) -> bool:
+        """Whether `keys` hold an assistant message this tree never answered: the database may know it
+        (another proxy recorded it, or this one recorded it for a caller that left before learning it)."""
+        return any(self._unknown_answer(key) for key in keys)
+
+    def note_foreign(self, keys: Sequence[MessageKey]) -> None:
+        """After a reload: the assistant messages in `keys` still unknown are not ours."""
+        self.foreign.update(key for key in keys if self._unknown_answer(key))
+
+    def _unknown_answer(self, key: MessageKey) -> bool:
+        return key[0] == "assistant" and key not in self.answers and key not in self.foreign
 
     def shares_history(self, keys: Sequence[MessageKey]) -> bool:
         """Whether a conversation starting with `keys` has something in common with the session's: the
@@ -211,9 +229,12 @@ async def conversation_prompt(
     tools_id = tools_key(tools)
     tree, loaded = await services.conversations.tree(session_id)
     parent = tree.deepest_prefix(tools_id, keys)
-    if parent is None and tree.nodes and not loaded:  # maybe recorded elsewhere, or not learned yet
+    # New messages holding an assistant turn the tree never answered: maybe another proxy recorded it.
+    if not loaded and tree.may_be_stale_for(keys[len(parent.path) if parent else 0:]):
         tree, loaded = await services.conversations.tree(session_id, reload=True)
         parent = tree.deepest_prefix(tools_id, keys)
+    if loaded:
+        tree.note_foreign(keys[len(parent.path) if parent else 0:])
     config, metrics = services.config, services.metrics
     if parent is not None:
         new_messages = list(messages[len(parent.path):])

@@ -281,11 +281,15 @@ def test_a_restarted_proxy_rebuilds_the_tree_from_the_database(
         restarted = factory.start([worker.url], health_check_interval_s=0)
         assistant = turn(proxy, messages, stream=True, base=restarted)
         messages += [assistant, *tool_results(assistant)]
-        turn(proxy, messages, stream=False, base=restarted)
+        assistant = turn(proxy, messages, stream=False, base=restarted)
+        messages += [assistant, *tool_results(assistant)]
         chained = metric(restarted.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "chained"})
+    # Back on the first proxy, whose tree lacks the turns the other one recorded: it reloads and chains.
+    turn(proxy, [*messages, SUMMARIZE], stream=False)
 
     rows = session_completions(proxy)
-    assert len(rows) == 4 and [row.parent_id for row in rows[1:]] == [row.id for row in rows[:-1]]
+    assert len(rows) == 5 and [row.parent_id for row in rows[1:]] == [row.id for row in rows[:-1]]
     assert not any(row.branched for row in rows)
     assert chained == 2
+    assert metric(proxy.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "chained"}) == 2
     assert [request.body["input_ids"] for request in worker.requests_to("/generate")] == chained_prompts(rows)

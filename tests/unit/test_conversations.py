@@ -81,6 +81,7 @@ USER = {"role": "user", "content": "hi"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [call("f", '{"x": 1}')]}
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
 FINAL = {"role": "assistant", "content": "It is 42."}
+SUMMARY = {"role": "user", "content": "Summarize."}
 
 
 def keys(messages: list[dict[str, Any]]) -> list[Any]:
@@ -105,6 +106,17 @@ def test_the_deepest_extended_completion_is_chosen_and_rebuilt_from_suffixes() -
     assert tree.deepest_prefix(None, keys(edited)) is None
     assert tree.deepest_prefix(tools_key([{"type": "function"}]), keys(follow_up)) is None  # other tools
     assert tree.shares_history(keys(follow_up)) and not tree.shares_history(keys(edited))
+
+
+def test_only_unknown_assistant_messages_call_for_a_reload() -> None:
+    tree = SessionTree()
+    tree.add(record([USER], CALL))
+    assert not tree.may_be_stale_for(keys([USER, CALL, RESULT]))  # every answer known
+    assert not tree.may_be_stale_for(keys([{"role": "user", "content": "other"}]))
+    unknown = [USER, CALL, RESULT, FINAL, SUMMARY]
+    assert tree.may_be_stale_for(keys(unknown))  # FINAL may have been recorded by another proxy
+    tree.note_foreign(keys(unknown))
+    assert not tree.may_be_stale_for(keys(unknown))  # a reload did not find it: never reload for it again
 
 
 def test_a_child_of_an_unknown_parent_is_refused() -> None:
