@@ -38,6 +38,9 @@ from serving.errors import WorkerBadRequest, WorkerConnectionError, WorkerError,
 
 logger = logging.getLogger(__name__)
 
+Chunks = AsyncGenerator[dict[str, Any], None]
+"""A worker's cumulative `/generate` chunks (or merged ones)."""
+
 _REPLACEMENT = "\ufffd"  # what a decoder makes of a UTF-8 character cut in two
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
@@ -239,13 +242,12 @@ async def _done(output: dict[str, Any]) -> dict[str, Any]:
 
 class ResumingStream:
     """A streaming generation's cumulative chunks, as if one worker request made them all: a choice
-    aborted by a pause or cut off by a lost worker continues as a new request whose chunks are merged
-    onto what was already streamed (resumed choices one after another). Holds a lease on the worker it
-    reads (`worker`) until `aclose`."""
+    aborted by a pause or cut off by a lost worker continues as a new request (one per choice, side by
+    side) whose chunks are merged onto what was already streamed. A lease on each worker is held while
+    it is read; `worker` is the one read last (where an abort must go)."""
 
     def __init__(self, balancer: Balancer, plan: GenerationPlan) -> None:
         self.worker: Worker | None = None
-        self._leased = False
         self._balancer = balancer
         self._plan = plan
         self._last: dict[int, dict[str, Any]] = {}
@@ -261,64 +263,69 @@ class ResumingStream:
         return await anext(self._chunks)
 
     async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()
-        finally:
-            self._switch(None)
+        """Stop reading (closing the worker connections, which aborts there) and end the leases."""
+        await self._chunks.aclose()
 
-    def _switch(self, worker: Worker | None) -> None:
-        if self._leased and self.worker is not None:
-            self._balancer.release(self.worker)
-            self._leased = False
-        if worker is not None:
-            self.worker = worker
-            self._balancer.acquire(worker, self._plan.session_id)
-            self._leased = True
+    def _unfinished(self, index: int) -> bool:
+        last = self._last.get(index)
+        return last is None or finish_type(last) in (None, "abort")
 
-    async def _run(self) -> AsyncGenerator[dict[str, Any], None]:
+    async def _run(self) -> Chunks:
         async for merged in self._relay(self._plan.worker_request, None):
             yield merged
-        for index in range(self._plan.n):
-            budget = ResumeBudget(self._balancer.policy)
-            while (last := self._last.get(index)) is None or finish_type(last) in (None, "abort"):
-                prefix = Prefix.of(last, self._balancer.decode) if last is not None else Prefix.empty()
-                request = resume_request(self._plan, index, prefix, budget.used + 1)
-                if last is not None and request is None:  # aborted after its last token
-                    yield with_length_finish(last, len(prefix.output_ids))
-                    break
-                if request is None or not budget.take():
-                    if last is None or finish_type(last) is None:  # cut off: the stream ends in error
-                        raise self._lost_error or no_worker_error(self._balancer)
-                    logger.warning("%s: gave up resuming after %d attempts", self._plan.completion_ids[index],
-                                   budget.used)
-                    yield last  # recorded as aborted
-                    break
-                self._balancer.count_resume("abort" if last is not None and finish_type(last) else "lost")
-                self._prefix[index] = prefix
-                async for merged in self._relay(request, index):
-                    yield merged
-                now = self._last.get(index) or {}
-                await budget.after(len(now.get("output_ids") or ()) > len(prefix.output_ids))
+        pending = [index for index in range(self._plan.n) if self._unfinished(index)]
+        if len(pending) == 1:
+            async for merged in self._resume(pending[0]):
+                yield merged
+        elif pending:
+            async for merged in interleave([self._resume(index) for index in pending]):
+                yield merged
+
+    async def _resume(self, index: int) -> Chunks:
+        """Choice `index` continued until it finishes (or its budget ends)."""
+        budget = ResumeBudget(self._balancer.policy)
+        while self._unfinished(index):
+            last = self._last.get(index)
+            prefix = Prefix.of(last, self._balancer.decode) if last is not None else Prefix.empty()
+            request = resume_request(self._plan, index, prefix, budget.used + 1)
+            if last is not None and request is None:  # aborted after its last token
+                yield with_length_finish(last, len(prefix.output_ids))
+                return
+            if request is None or not budget.take():
+                if last is None or finish_type(last) is None:  # cut off: the stream ends in error
+                    raise self._lost_error or no_worker_error(self._balancer)
+                logger.warning("%s: gave up resuming after %d attempts", self._plan.completion_ids[index],
+                               budget.used)
+                yield last  # recorded as aborted
+                return
+            self._balancer.count_resume("abort" if last is not None and finish_type(last) else "lost")
+            self._prefix[index] = prefix
+            async for merged in self._relay(request, index):
+                yield merged
+            now = self._last.get(index) or {}
+            await budget.after(len(now.get("output_ids") or ()) > len(prefix.output_ids))
 
     async def _relay(
         self, request: GenerateRequest, index: int | None
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    ) -> Chunks:
         """One worker stream of `request` (choice `index`, or all choices), merged and relayed; an abort
         chunk is held back (the caller resumes that choice). Fails over while nothing was received; a
         worker lost after that just ends the relay (the caller resumes what is unfinished)."""
-        for worker in self._balancer.candidates(self._plan.session_id):
+        session_id = self._plan.session_id
+        for worker in self._balancer.candidates(session_id):
             if worker in self._lost:
                 continue
-            self._switch(worker)
+            self.worker = worker
             received = False
             try:
-                opened = cast(AsyncGenerator[dict[str, Any], None], worker.client.generate_stream(request))
-                async with contextlib.aclosing(opened) as stream:
-                    async for raw in stream:
-                        received = True
-                        merged = self._take(raw, index)
-                        if finish_type(merged) != "abort":
-                            yield merged
+                with self._balancer.lease(worker, session_id):
+                    opened = cast(Chunks, worker.client.generate_stream(request))
+                    async with contextlib.aclosing(opened) as stream:
+                        async for raw in stream:
+                            received = True
+                            merged = self._take(raw, index)
+                            if finish_type(merged) != "abort":
+                                yield merged
                 self._balancer.mark_ok(worker)
                 return
             except WorkerError as exc:
@@ -341,3 +348,38 @@ class ResumingStream:
             merged = {**merged, "index": i}
         self._last[i] = merged
         return merged
+
+
+async def interleave(
+    sources: list[Chunks],
+) -> Chunks:
+    """The items of several async generators as they come, each read by its own task; the first
+    failure ends it all, and closing it closes every source."""
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def drain(source: Chunks) -> None:
+        try:
+            async for item in source:
+                queue.put_nowait(("item", item))
+        except Exception as exc:  # a task boundary: the failure is the reader's to raise
+            queue.put_nowait(("error", exc))
+            return
+        queue.put_nowait(("done", None))
+
+    tasks = [asyncio.create_task(drain(source)) for source in sources]
+    try:
+        running = len(tasks)
+        while running:
+            kind, item = await queue.get()
+            if kind == "item":
+                yield item
+            elif kind == "done":
+                running -= 1
+            else:
+                raise item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for source in sources:
+            await source.aclose()

@@ -46,6 +46,11 @@ def metric(proxy: Proxy, name: str, labels: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def leased(proxy: Proxy, worker: ScriptedWorker) -> float | None:
+    """Requests the proxy counts as running on `worker`."""
+    return metric(proxy, "flywheel_proxy_worker_in_flight", f'worker="{worker.url}"')
+
+
 def generate_calls(worker: ScriptedWorker) -> list[Any]:
     return [r.body for r in worker.requests_to("/generate")]
 
@@ -170,6 +175,8 @@ def test_worker_killed_mid_request_finishes_on_another(
     assert text == scripted_text(output_ids)
     assert metric(proxy, "flywheel_proxy_worker_up", f'worker="{doomed.url}"') == 0
     for worker in (doomed, survivor):
+        wait_for(lambda: leased(proxy, worker) == 0, "the leases to end")  # noqa: B023
+    for worker in (doomed, survivor):
         servers.call(worker.stop())
 
 
@@ -251,6 +258,7 @@ def test_pause_abort_is_resumed_per_choice(proxies: ProxyFactory, servers: LoopT
         assert output_ids[boundary:] == [default_token_fn(piece["input_ids"], p, 0, seed)
                                          for p in range(40 - boundary)]
         assert texts[index] == scripted_text(output_ids)
+    wait_for(lambda: leased(proxy, worker) == 0, "the leases to end")
     servers.call(worker.stop())
 
 
