@@ -108,6 +108,23 @@ async def test_runner_on_the_responses_model(
     assert_two_recorded_turns(proxy, script, worker, "resp_")
 
 
+async def test_runner_chaining_responses_by_previous_response_id(
+    proxy: Proxy, script: TextScript, worker: ScriptedWorker
+) -> None:
+    """The SDK sends only the new items (the tool output) with the first response's id."""
+    model = OpenAIResponsesModel(model="m", openai_client=proxy.async_client())
+    result = await Runner.run(
+        weather_agent(model), "What is the weather in Paris?", auto_previous_response_id=True
+    )
+    assert result.final_output == ANSWER
+    bodies = [r.body for r in worker.requests if r.path == "/generate"]
+    assert len(bodies) == 2
+    rows = proxy.completions()
+    assert rows[1].request_json["previous_response_id"] == rows[0].id
+    assert all(item.get("type") == "function_call_output" for item in rows[1].request_json["input"])
+    assert_two_recorded_turns(proxy, script, worker, "resp_")
+
+
 async def test_runner_streamed_on_the_responses_model(
     proxy: Proxy, script: TextScript, worker: ScriptedWorker
 ) -> None:
