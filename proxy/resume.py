@@ -54,6 +54,16 @@ def finish_type(output: dict[str, Any]) -> str | None:
     return str(finish.get("type", "stop")) if isinstance(finish, dict) else "stop"
 
 
+def resumable(output: dict[str, Any]) -> bool:
+    """An abort worth resuming: not one that names a client error (SGLang aborts an invalid request
+    with a 4xx `status_code`; generating again would only repeat it)."""
+    finish = (output.get("meta_info") or {}).get("finish_reason")
+    if not isinstance(finish, dict) or finish.get("type") != "abort":
+        return False
+    status = finish.get("status_code")
+    return not (isinstance(status, int) and 400 <= status < 500)
+
+
 def is_lost(exc: WorkerError) -> bool:
     """A failure that says the worker is gone (or going), not that the request was bad."""
     if isinstance(exc, WorkerConnectionError):
@@ -206,7 +216,7 @@ async def resume_choice(
     """Choice `index`'s aborted `output`, continued until it finishes otherwise (or the budget ends)."""
     budget = ResumeBudget(balancer.policy)
     merged = output
-    while finish_type(merged) == "abort":
+    while resumable(merged):
         prefix = Prefix.of(merged, balancer.decode)
         request = resume_request(plan, index, prefix, budget.used + 1)
         if request is None:
@@ -228,10 +238,10 @@ async def resume_choice(
 async def generate_outputs(balancer: Balancer, plan: GenerationPlan) -> list[dict[str, Any]]:
     """The plan's samples, each complete: aborted choices resumed (each on its own)."""
     outputs = await call_worker(balancer, plan.session_id, plan.worker_request)
-    if len(outputs) != plan.n or not any(finish_type(o) == "abort" for o in outputs):
+    if len(outputs) != plan.n or not any(resumable(o) for o in outputs):
         return outputs
     return list(await asyncio.gather(*(
-        resume_choice(balancer, plan, i, o) if finish_type(o) == "abort" else _done(o)
+        resume_choice(balancer, plan, i, o) if resumable(o) else _done(o)
         for i, o in enumerate(outputs)
     )))
 
@@ -268,7 +278,7 @@ class ResumingStream:
 
     def _unfinished(self, index: int) -> bool:
         last = self._last.get(index)
-        return last is None or finish_type(last) in (None, "abort")
+        return last is None or finish_type(last) is None or resumable(last)
 
     async def _run(self) -> Chunks:
         async for merged in self._relay(self._plan.worker_request, None):
@@ -324,7 +334,7 @@ class ResumingStream:
                         async for raw in stream:
                             received = True
                             merged = self._take(raw, index)
-                            if finish_type(merged) != "abort":
+                            if not resumable(merged):
                                 yield merged
                 self._balancer.mark_ok(worker)
                 return

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.balancer import Balancer, RoutingPolicy
 from proxy.generation import read_choice
 from proxy.metrics import ProxyMetrics
-from proxy.resume import Prefix, join_text, merge, version_spans
+from proxy.resume import Prefix, join_text, merge, resumable, version_spans
 from serving.client import SGLangClient
 from serving.config import ClientConfig
 from serving.models.tiny import build_tokenizer
@@ -106,3 +106,11 @@ def test_text_cut_inside_a_character_is_rejoined() -> None:
         assert join_text(prefix, tail, decode(tail)[:-1], decode) == text[:-1]
     clean = Prefix([1], [], None, [0], "ab")
     assert join_text(clean, [2], "cd", decode) == "abcd"  # no cut character: plain concatenation
+
+
+def test_only_aborts_without_a_client_error_are_resumed() -> None:
+    assert resumable(piece([1], "a", "0", {"type": "abort", "message": "Abort by pause_generation"}))
+    assert resumable(piece([1], "a", "0", {"type": "abort", "status_code": None}))
+    assert not resumable(piece([1], "a", "0", {"type": "abort", "status_code": 400}))
+    assert not resumable(piece([1], "a", "0", {"type": "length", "length": 1}))
+    assert not resumable(piece([1], "a", "0", None))
