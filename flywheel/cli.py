@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
     keys = command("keys", "API keys")
     keys.add_argument("action", choices=["create"])
-    keys.add_argument("--admin", action="store_true", required=True, help="an admin key (shown once)")
+    kind = keys.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--admin", action="store_true", help="an admin key (shown once)")
+    kind.add_argument("--online", action="store_true",
+                      help="an online key (shown once): its calls are grouped into sessions by conversation")
     command("demo", "run the whole loop on a math agent and report what it learned")
     db = command("db", "database schema (Alembic)")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
@@ -131,12 +134,14 @@ def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
 def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
     import asyncio
 
-    from proxy.auth import create_admin_key
+    from proxy.auth import create_admin_key, create_online_key
     from storage.engine import create_engine, create_sessionmaker
 
     async def create() -> str:
         engine = create_engine(config.storage)
         try:
+            if args.online:
+                return await create_online_key(create_sessionmaker(engine))
             return await create_admin_key(create_sessionmaker(engine))
         finally:
             await engine.dispose()

@@ -22,20 +22,24 @@ from proxy.errors import OpenAIError
 from storage.engine import SessionFactory
 from storage.models import ApiKey, KeyScope, Session, SessionStatus
 from storage.queries import create_admin_key as store_admin_key
+from storage.queries import create_online_key as store_online_key
 from storage.queries import hash_api_key
 
 ADMIN_KEY_PREFIX = "fw-admin-"
 SESSION_KEY_PREFIX = "fw-sess-"
+ONLINE_KEY_PREFIX = "fw-online-"
 
-Scope = Literal["admin", "session"]
+Scope = Literal["admin", "session", "online"]
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: an admin, or the holder of one session's key."""
+    """Who is calling: an admin, the holder of one session's key, or of an online key (whose calls join
+    the sessions it owns by conversation: proxy/online.py)."""
 
     scope: Scope
     session_id: str | None
+    key_hash: str | None = None  # set for an online key: the owner of its sessions
 
     @property
     def is_admin(self) -> bool:
@@ -97,6 +101,13 @@ async def create_admin_key(session_factory: SessionFactory) -> str:
     return key
 
 
+async def create_online_key(session_factory: SessionFactory) -> str:
+    """Store a new online key (hashed) and return its plaintext: the only time anyone sees it."""
+    key = generate_api_key(ONLINE_KEY_PREFIX)
+    await store_online_key(session_factory, hash_api_key(key))
+    return key
+
+
 async def lookup_key(session_factory: SessionFactory, key: str) -> KeyLookup | None:
     """The unrevoked key with this plaintext, with its session's state; None if there is none."""
     return await lookup_key_hash(session_factory, hash_api_key(key))
@@ -114,6 +125,8 @@ async def lookup_key_hash(session_factory: SessionFactory, key_hash: str) -> Key
         return None
     if row.scope == KeyScope.ADMIN.value:
         return KeyLookup(Principal("admin", None), session_active=True)
+    if row.scope == KeyScope.ONLINE.value:
+        return KeyLookup(Principal("online", None, key_hash), session_active=True)
     active = row.status == SessionStatus.ACTIVE.value
     return KeyLookup(Principal("session", row.session_id), session_active=active)
 

@@ -24,6 +24,7 @@ from proxy.config import ProxyConfig
 from proxy.conversations import ConversationPrompt, conversation_prompt
 from proxy.errors import OpenAIError
 from proxy.generation import ChoiceResult, GenerationPlan, generate, open_stream, plan_generation
+from proxy.online import online_session
 from proxy.parsers import OutputParser, reasoning_parser, tool_call_parser
 from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
@@ -50,6 +51,9 @@ async def create_chat_completion(
 ) -> Response:
     request_json = parse_request_json(await request.body())
     session_id = principal.session_id or uuid.uuid4().hex
+    if principal.scope == "online":  # joins the session whose conversation it extends, or starts one
+        messages, tools = body.template_messages(), body.template_tools()
+        session_id = await online_session(services, principal, messages, tools)
     conversation = await chat_prompt(services, principal, session_id, body)
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
@@ -61,7 +65,7 @@ async def create_chat_completion(
                        branched=conversation.branched)
         # A child stores only its new messages; the parent chain holds the rest (DESIGN.md §5).
         request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
-    end_call_session = None if principal.session_id else await open_call_session(services, session_id)
+    end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
         try:
@@ -83,7 +87,7 @@ async def chat_prompt(
     """The prompt of a chat call: chained in its session's conversation tree; an admin call's one-off
     session has no history, so it is rendered as it is."""
     messages, tools = body.template_messages(), body.template_tools()
-    if principal.session_id is not None:
+    if not principal.is_admin:
         return await conversation_prompt(services, session_id, messages, tools)
     ids = await services.tokenizer.render_async(messages, tools, services.config.tokenize_in_thread_chars)
     return ConversationPrompt(ids)

@@ -28,7 +28,14 @@ from rewards.finalizer import SessionFinalizer
 from rewards.snapshot import load_session_snapshot
 from storage.engine import SessionFactory, write_transaction
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
-from storage.queries import add_reward, create_group, create_session, end_session, hash_api_key
+from storage.queries import (
+    add_reward,
+    create_group,
+    create_session,
+    end_session,
+    hash_api_key,
+    session_owner,
+)
 from storage.records import CompletionRecord, GroupRecord, SessionRecord
 
 logger = logging.getLogger(__name__)
@@ -68,12 +75,19 @@ def finalizer_of(services: ProxyServices) -> SessionFinalizer:
     return services.finalizer
 
 
-def check_may_act(principal: Principal, session_id: str, what: str = "session") -> None:
-    if not principal.may_act_on(session_id):
-        raise OpenAIError(
-            403, f"This API key may not act on that {what}: a session key acts only on its own session.",
-            "permission_error", code="wrong_session",
-        )
+async def check_may_act(
+    services: ProxyServices, principal: Principal, session_id: str, what: str = "session"
+) -> None:
+    if principal.may_act_on(session_id):
+        return
+    if principal.key_hash is not None and principal.key_hash == await session_owner(
+        services.session_factory, session_id
+    ):
+        return  # an online key acts on the sessions its calls made
+    raise OpenAIError(
+        403, f"This API key may not act on that {what}: a session key acts only on its own session.",
+        "permission_error", code="wrong_session",
+    )
 
 
 def _not_found(kind: str, ident: str) -> OpenAIError:
@@ -135,7 +149,7 @@ async def reward(
 ) -> RewardResponse:
     """Attach a reward to a session (`completion_id` None) or to one of its completions. 409 once the
     session is finalized: its trajectories are written and the reward could no longer count."""
-    check_may_act(principal, session_id, "completion" if completion_id else "session")
+    await check_may_act(services, principal, session_id, "completion" if completion_id else "session")
     finalizer = finalizer_of(services)
     async with finalizer.session_guard(session_id):
         status = await session_status(services.session_factory, session_id)
@@ -161,7 +175,7 @@ async def end(
 ) -> EndSessionResponse:
     """End a session (idempotent) and finalize it when it is ready (`finalize_now`: whatever rewards
     it has, as AReaL does)."""
-    check_may_act(principal, session_id)
+    await check_may_act(services, principal, session_id)
     finalizer = finalizer_of(services)
     try:
         ended = await end_session(services.session_factory, session_id)
@@ -185,7 +199,7 @@ async def end_and_finalize(services: ProxyServices, session_id: str) -> int:
 
 
 async def describe(services: ProxyServices, principal: Principal, session_id: str) -> SessionView:
-    check_may_act(principal, session_id)
+    await check_may_act(services, principal, session_id)
     snapshot = await load_session_snapshot(services.session_factory, session_id)
     if snapshot is None:
         raise _not_found("session", session_id)

@@ -67,6 +67,7 @@ class SessionStatus(StrEnum):
 class KeyScope(StrEnum):
     ADMIN = "admin"  # any route, any session
     SESSION = "session"  # one session's OpenAI calls, rewards and end
+    ONLINE = "online"  # long-lived: its calls join the sessions it owns by conversation, or start new ones
 
 
 class ApiKey(Base):
@@ -75,7 +76,8 @@ class ApiKey(Base):
     __tablename__ = "api_keys"
     __table_args__ = (
         CheckConstraint(
-            "(scope = 'admin' AND session_id IS NULL) OR (scope = 'session' AND session_id IS NOT NULL)",
+            "(scope = 'admin' AND session_id IS NULL) OR (scope = 'session' AND session_id IS NOT NULL)"
+            " OR (scope = 'online' AND session_id IS NULL)",
             name="scope_matches_session",
         ),
     )
@@ -116,6 +118,8 @@ class Session(Base):
     group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
     task: Mapped[Any | None]
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    owner_key_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    """The online key whose calls made this session (they join it while it is active), if any."""
     status: Mapped[str] = mapped_column(
         String(16), default=SessionStatus.ACTIVE.value, server_default=SessionStatus.ACTIVE.value
     )

@@ -36,11 +36,13 @@ from storage.records import (
 
 __all__ = [
     "ClaimLostError",
+    "active_owned_sessions",
     "add_reward",
     "claim_batch",
     "completion_record",
     "create_admin_key",
     "create_group",
+    "create_online_key",
     "create_session",
     "end_session",
     "find_api_key",
@@ -53,6 +55,7 @@ __all__ = [
     "record_completions",
     "record_step",
     "release_claim",
+    "session_owner",
 ]
 
 
@@ -64,6 +67,29 @@ def hash_api_key(key: str) -> str:
 async def create_admin_key(session_factory: SessionFactory, key_hash: str) -> None:
     async with write_transaction(session_factory) as db:
         db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ADMIN.value, session_id=None))
+
+
+async def create_online_key(session_factory: SessionFactory, key_hash: str) -> None:
+    """A long-lived key without a session: its calls join the sessions it owns by conversation."""
+    async with write_transaction(session_factory) as db:
+        db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ONLINE.value, session_id=None))
+
+
+async def active_owned_sessions(session_factory: SessionFactory, owner_key_hash: str) -> list[str]:
+    """The active sessions an online key's calls made, newest first."""
+    query = (
+        select(Session.id)
+        .where(Session.owner_key_hash == owner_key_hash, Session.status == SessionStatus.ACTIVE.value)
+        .order_by(Session.created_at.desc(), Session.id)
+    )
+    async with session_factory() as db:
+        return list((await db.execute(query)).scalars())
+
+
+async def session_owner(session_factory: SessionFactory, session_id: str) -> str | None:
+    """The online key hash that owns a session (None: no such session, or not an online one)."""
+    async with session_factory() as db:
+        return await db.scalar(select(Session.owner_key_hash).where(Session.id == session_id))
 
 
 async def find_api_key(session_factory: SessionFactory, key_hash: str) -> ApiKeyRecord | None:
@@ -102,7 +128,8 @@ async def _add_sessions(db: AsyncSession, sessions: Sequence[SessionRecord]) -> 
         joining = sum(1 for s in sessions if s.group_id == group_id)
         await _check_group_room(db, group_id, joining)
     for s in sessions:
-        db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata)))
+        db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata),
+                       owner_key_hash=s.owner_key_hash))
     await db.flush()  # sessions before the keys that point at them
     for s in sessions:
         db.add(ApiKey(key_hash=s.key_hash, scope=KeyScope.SESSION.value, session_id=s.id))

@@ -28,6 +28,7 @@ class SessionRecord:
     group_id: str | None = None
     task: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    owner_key_hash: str | None = None  # the online key whose calls made it (storage.models.Session)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

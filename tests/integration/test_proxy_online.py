@@ -1,0 +1,95 @@
+"""Online keys: `flywheel keys create --online` makes a long-lived key whose calls (real `openai` client,
+real proxy) are grouped into sessions by conversation: a call extending one of the key's active
+sessions joins it and chains token-exactly; any other call starts a session the key owns, rewards and
+ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from storage.queries import hash_api_key
+from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
+    Proxy,
+    ProxyFactory,
+    proxies_fixture,
+    scripted_fixture,
+    servers_fixture,
+)
+from tests.support.scripted_worker import ScriptedWorker
+
+SESSION_HEADER = "x-flywheel-session-id"
+
+
+def create_online_key(db_url: str, cwd: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "flywheel.cli", "keys", "create", "--online", f"storage.url={db_url}"],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.strip().splitlines()[-1]
+    assert key.startswith("fw-online-")
+    return key
+
+
+def call(proxy: Proxy, key: str, messages: list[dict[str, Any]], stream: bool = False) -> tuple[str, str]:
+    """(session id, assistant text) of one chat call on `key`."""
+    raw = proxy.client(key).chat.completions.with_raw_response.create(
+        model="m", messages=messages, max_tokens=4, stream=stream,  # type: ignore[call-overload]
+    )
+    if stream:
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    else:
+        text = raw.parse().choices[0].message.content or ""
+    return raw.headers[SESSION_HEADER], text
+
+
+def rl(proxy: Proxy, key: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return httpx.post(f"{proxy.base_url}{path}", json=body or {}, headers={"Authorization": f"Bearer {key}"})
+
+
+def test_online_key_calls_join_sessions_by_conversation(
+    proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
+) -> None:
+    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    key = create_online_key(db_url, tmp_path)
+
+    trip = [{"role": "user", "content": "Plan a trip."}]
+    poem = [{"role": "user", "content": "Write a poem."}]
+    trip_session, trip_answer = call(proxy, key, trip)
+    poem_session, poem_answer = call(proxy, key, poem, stream=True)
+    assert trip_session != poem_session
+
+    trip += [{"role": "assistant", "content": trip_answer}, {"role": "user", "content": "More."}]
+    poem += [{"role": "assistant", "content": poem_answer}, {"role": "user", "content": "Shorter."}]
+    assert call(proxy, key, poem)[0] == poem_session
+    assert call(proxy, key, trip, stream=True)[0] == trip_session
+
+    sessions = {s.id: s for s in proxy.sessions()}
+    for sid in (trip_session, poem_session):
+        assert sessions[sid].owner_key_hash == hash_api_key(key)
+        assert sessions[sid].metadata_["origin"] == "online"
+        rows = sorted((c for c in proxy.completions() if c.session_id == sid), key=lambda c: c.created_at)
+        assert len(rows) == 2 and rows[1].parent_id == rows[0].id and not rows[1].branched
+        requests = [r.body["input_ids"] for r in scripted.requests_to("/generate")]
+        chained = [*rows[0].prompt_ids.tolist(), *rows[0].output_ids.tolist(), *rows[1].prompt_ids.tolist()]
+        assert chained in requests  # the second turn's prompt reached the worker token-exactly
+
+    second = rows[1].id  # the poem's second turn
+    assert rl(proxy, key, f"/rl/v1/completions/{second}/reward", {"value": 1.0}).status_code == 200
+    assert rl(proxy, key, f"/rl/v1/sessions/{trip_session}/reward", {"value": 0.5}).status_code == 200
+    not_owned = rl(proxy, key, f"/rl/v1/sessions/{proxy.session_id}/reward", {"value": 1.0})
+    assert not_owned.status_code == 403 and not_owned.json()["error"]["code"] == "wrong_session"
+    ended = rl(proxy, key, f"/rl/v1/sessions/{trip_session}/end")
+    assert ended.status_code == 200 and ended.json()["ended"] is True
+
+    # The trip's session has ended: extending its conversation now starts a new session.
+    trip += [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Thanks."}]
+    later_session, _ = call(proxy, key, trip)
+    assert later_session not in (trip_session, poem_session)
+    later = [c for c in proxy.completions() if c.session_id == later_session]
+    assert len(later) == 1 and later[0].parent_id is None and not later[0].branched
