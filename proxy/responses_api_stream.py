@@ -7,6 +7,10 @@ Items open as the parser finds them and close when the next one starts: a reason
 (`response.reasoning_text.delta`), a message (`response.output_text.delta`), and each function call,
 which the parser yields whole (added, its arguments as one delta, done). `response.completed` (or
 `response.incomplete` when `max_output_tokens` cut it) carries the full response, once it is recorded.
+
+With `include: ["message.output_text.logprobs"]` each text delta carries the logprobs of the tokens
+generated since the previous one (markup and reasoning tokens included); the final message, as when not
+streamed, carries every output token's.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Any
 import msgspec
 
 from proxy.balancer import Worker
-from proxy.generation import ChoiceResult, GenerationPlan
+from proxy.generation import ChoiceResult, GenerationPlan, read_choice
 from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
-from proxy.responses import tool_call_id
+from proxy.responses import logprob_entries, tool_call_id
 from proxy.responses_api_input import ResponsesRequest
 from proxy.responses_api_output import (
     function_call_item,
@@ -57,6 +61,9 @@ class ResponsesStream(GenerationStream):
         self._open: dict[str, Any] | None = None  # the item still receiving text
         self._reasoning = ""
         self._final: dict[str, Any] | None = None
+        self._top_logprobs = (chat.top_logprobs or 0) if chat.wants_logprobs else None
+        self._logprobs_sent = 0  # output tokens whose logprobs went out with a text delta
+        self._chunk_logprobs: list[dict[str, Any]] = []  # those of this chunk, for its first text delta
         super().__init__(
             services, plan, request_json, worker, stream, first, chat.stop_strings(), on_recorded
         )
@@ -73,11 +80,13 @@ class ResponsesStream(GenerationStream):
 
     def _take(self, worker_chunk: dict[str, Any]) -> None:
         choice = self.choices[0]
-        delta, _start, _end = choice.advance(worker_chunk)
+        delta, _start, end = choice.advance(worker_chunk)
         events = self._parser.feed(delta) if delta else []
         if choice.finished and not self._parsed:
             self._parsed = True
             events += self._parser.finish()
+        if self._top_logprobs is not None and end > self._logprobs_sent:
+            self._chunk_logprobs = self._logprob_entries(read_choice(worker_chunk, 0, final=False), end)
         for event in events:
             self._relay(event)
 
@@ -91,8 +100,12 @@ class ResponsesStream(GenerationStream):
             item["content"][0]["text"] += event.text
             if kind == "reasoning":
                 self._reasoning += event.text
+            extra: dict[str, Any] = {}
+            if kind == "message":  # the tokens since the last text delta (tool markup, reasoning too)
+                extra["logprobs"], self._chunk_logprobs = self._chunk_logprobs, []
+                self._logprobs_sent += len(extra["logprobs"])
             self._send(_delta_event(kind), item_id=item["id"], output_index=len(self._items) - 1,
-                       content_index=0, delta=event.text, **({"logprobs": []} if kind == "message" else {}))
+                       content_index=0, delta=event.text, **extra)
             return
         self._close_open()
         call = function_call_item(new_item_id("fc"), tool_call_id(), event.call, "completed")
@@ -105,6 +118,12 @@ class ResponsesStream(GenerationStream):
         self._send("response.function_call_arguments.done", item_id=call["id"], output_index=index,
                    name=call["name"], arguments=call["arguments"])
         self._send("response.output_item.done", output_index=index, item=call)
+
+    def _logprob_entries(self, partial: ChoiceResult, end: int) -> list[dict[str, Any]]:
+        start = self._logprobs_sent
+        top = partial.top_logprobs[start:end] if partial.top_logprobs else None
+        return logprob_entries(self.services.tokenizer, partial.output_ids[start:end],
+                               partial.logprobs[start:end], top, self._top_logprobs or 0)
 
     def _start(self, kind: str) -> dict[str, Any]:
         """Close the open item and open a `kind` item (message or reasoning) with empty text."""
@@ -142,6 +161,13 @@ class ResponsesStream(GenerationStream):
         for item in output:
             if item["type"] != "function_call" and item["status"] == "in_progress":
                 item["status"] = item_status(finish)
+        messages = [item for item in output if item["type"] == "message"]
+        if messages and results and self._top_logprobs is not None:  # every token's, as when not streamed
+            result = results[0]
+            messages[0]["content"][0]["logprobs"] = logprob_entries(
+                self.services.tokenizer, result.output_ids, result.logprobs, result.top_logprobs,
+                self._top_logprobs,
+            )
         usage_json = usage(self.plan, results, self.services.tokenizer, self._reasoning or None)
         self._final = response_object(self.plan, self.body, output, finish, usage_json)
         return self._final

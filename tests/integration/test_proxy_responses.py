@@ -477,3 +477,24 @@ def test_text_then_a_call_streams_a_message_item_closed_before_the_call(proxy: P
 
     assert shape(final) == shape(whole) == [("message", "Let me check."),
                                             ("function_call", '{"city": "Oslo"}')]
+
+
+def test_output_text_logprobs_streamed_and_not(proxy: Proxy, script: TextScript) -> None:
+    client = proxy.client()
+    asked: dict[str, Any] = {"model": "m", "input": "Say hello", "top_logprobs": 2,
+                             "include": ["message.output_text.logprobs"]}
+    whole = client.responses.create(**asked)
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    row = proxy.completion(whole.id)
+    assert [entry.logprob for entry in part.logprobs] == pytest.approx(list(row.output_logprobs))
+    assert "".join(entry.token for entry in part.logprobs[:-1]) == GREETING  # then <|im_end|>
+    assert all(len(entry.top_logprobs) == 2 for entry in part.logprobs)
+    assert bytes(part.logprobs[0].bytes) == part.logprobs[0].token.encode()
+    with client.responses.create(**asked, stream=True) as stream:
+        events, final = collect_stream(stream)
+    streamed = [entry.model_dump() for e in events if e.type == "response.output_text.delta"
+                for entry in e.logprobs]
+    final_part = final.output[0].content[0]
+    assert final_part.logprobs == part.logprobs  # the completed response has every token's, as not streamed
+    expected = [entry.model_dump() for entry in part.logprobs]
+    assert streamed == expected[:len(streamed)] and len(streamed) >= len(expected) - 1  # not <|im_end|>
