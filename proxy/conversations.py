@@ -79,6 +79,9 @@ class SessionTree:
     """The first message of every conversation in the session."""
     answers: set[MessageKey] = field(default_factory=set)
     """The assistant message of every completion in the session."""
+    asked: set[int] = field(default_factory=set)
+    """Hashes of the messages (with tools) each completion answered: a request asking them again is a
+    resample, not an edit."""
     foreign: set[MessageKey] = field(default_factory=set)
     """Assistant messages clients sent that no completion of the session answered, even after a reload
     (few-shot examples, another model's turns): they never trigger a reload again."""
@@ -103,7 +106,10 @@ class SessionTree:
         self.nodes[node.id] = node
         self.openings.add(path[0])
         self.answers.add(answer)
-        self.by_hash.setdefault(prefix_hashes(tools, path)[-1], []).append(node)
+        hashes = prefix_hashes(tools, path)
+        self.by_hash.setdefault(hashes[-1], []).append(node)
+        if len(hashes) > 1:
+            self.asked.add(hashes[-2])
         return True
 
     def add_all(self, records: Sequence[CompletionRecord]) -> bool:
@@ -128,10 +134,13 @@ class SessionTree:
     def _unknown_answer(self, key: MessageKey) -> bool:
         return key[0] == "assistant" and key not in self.answers and key not in self.foreign
 
-    def shares_history(self, keys: Sequence[MessageKey]) -> bool:
-        """Whether a conversation starting with `keys` has something in common with the session's: the
-        same first message. An unrelated call (another task, a title request) starts a new root instead."""
-        return bool(keys) and keys[0] in self.openings
+    def is_branch(self, tools: str | None, keys: Sequence[MessageKey]) -> bool:
+        """Whether an unmatched request changed the session's history: it shares its first message with
+        the session's conversations (an unrelated call, another task or a title request, starts a new root
+        instead) and does not ask exactly what an earlier completion answered (a resample of a root)."""
+        if not keys or keys[0] not in self.openings:
+            return False
+        return prefix_hashes(tools, keys)[-1] not in self.asked
 
     def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> ConversationNode | None:
         """The deepest completion whose messages plus its answer are a prefix of `keys`, leaving at least
@@ -253,7 +262,7 @@ async def conversation_prompt(
             metrics.conversation_turns.labels("chained").inc()
             return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False)
     prompt = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
-    branched = parent is None and tree.shares_history(keys)
+    branched = parent is None and tree.is_branch(tools_id, keys)
     metrics.conversation_turns.labels("branched" if branched else "root").inc()
     if branched:
         logger.info("session %s: history changed; a new branch starts", session_id)

@@ -243,6 +243,7 @@ def test_an_edited_or_dropped_history_starts_a_flagged_branch(proxy: Proxy) -> N
     for _ in range(2):
         assistant = turn(proxy, messages, stream=False)
         messages += [assistant, *tool_results(assistant)]
+    turn(proxy, [SYSTEM, QUESTION], stream=False)  # the first turn asked again: a resample, no branch
     assert metric(proxy.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "branched"}) == 0
 
     edited = [SYSTEM, {"role": "user", "content": "Do the lookups, please."}, *messages[2:]]
@@ -252,14 +253,14 @@ def test_an_edited_or_dropped_history_starts_a_flagged_branch(proxy: Proxy) -> N
 
     rows = session_completions(proxy)
     assert [(row.parent_id is None, row.branched) for row in rows] == [
-        (True, False), (False, False), (True, True), (True, True)
+        (True, False), (False, False), (True, False), (True, True), (True, True)
     ]
     assert metric(proxy.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "branched"}) == 2
-    assert rows[2].request_json["messages"] == edited  # a branch root stores its whole history
+    assert rows[3].request_json["messages"] == edited  # a branch root stores its whole history
 
     turn(proxy, [*edited, edited_answer, *tool_results(edited_answer)], stream=False)
     rows = session_completions(proxy)
-    assert rows[-1].parent_id == rows[2].id and not rows[-1].branched  # the branch goes on chaining
+    assert rows[-1].parent_id == rows[3].id and not rows[-1].branched  # the branch goes on chaining
 
     turn(proxy, [{"role": "user", "content": "Unrelated."}], stream=False)  # shares no history
     rows = session_completions(proxy)

@@ -105,7 +105,9 @@ def test_the_deepest_extended_completion_is_chosen_and_rebuilt_from_suffixes() -
     edited = [{"role": "user", "content": "hello"}, *follow_up[1:]]
     assert tree.deepest_prefix(None, keys(edited)) is None
     assert tree.deepest_prefix(tools_key([{"type": "function"}]), keys(follow_up)) is None  # other tools
-    assert tree.shares_history(keys(follow_up)) and not tree.shares_history(keys(edited))
+    assert tree.is_branch(None, keys(follow_up[:2])) and not tree.is_branch(None, keys(edited))
+    assert not tree.is_branch(None, keys([USER]))  # the first turn asked again: a resample
+    assert not tree.is_branch(None, keys(follow_up[:3]))  # the second turn asked again
 
 
 def test_only_unknown_assistant_messages_call_for_a_reload() -> None:
