@@ -3,7 +3,7 @@ on it is matched against the conversations of the active sessions its earlier ca
 extends one joins that session (and chains token-exactly, proxy/conversations.py); any other call starts
 a new session, owned by the key (sessions.owner_key_hash, metadata origin "online"). The key may reward
 and end the sessions it owns (proxy/rl_sessions.check_may_act); sessions nobody ends are ended and
-finalized by the finalizer's `session_ttl_s`.
+finalized by the finalizer's `session_ttl_s`, counted from their last call.
 """
 
 from __future__ import annotations

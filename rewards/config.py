@@ -29,6 +29,7 @@ class FinalizerConfig(BaseModel):
     """How long an ended session without any reward waits for one before the sweep finalizes it under
     `missing_reward` (a driver may end a session first and post its reward afterwards)."""
     session_ttl_s: float = Field(3600.0, gt=0.0)
-    """A session still active this long after it was created is ended and finalized by the sweep."""
+    """A session still active this long after it was created is ended and finalized by the sweep; an
+    online key's session (proxy/online.py) this long after its last call."""
     sweep_interval_s: float = Field(5.0, gt=0.0)
     """Seconds between background sweeps for ended, expired or missed sessions."""

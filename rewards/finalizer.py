@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 
 from rewards.concatenate import build_concatenated_trajectories
 from rewards.config import FinalizerConfig
@@ -36,7 +36,7 @@ from rewards.finalize import (
 )
 from rewards.snapshot import SessionSnapshot, as_utc, load_session_snapshot
 from storage.engine import SessionFactory
-from storage.models import Session, SessionStatus
+from storage.models import Completion, Session, SessionStatus
 from storage.queries import end_session, insert_trajectories
 from storage.records import TrajectoryRecord
 
@@ -137,11 +137,21 @@ class SessionFinalizer:
 
     async def _due_sessions(self, now: datetime) -> tuple[list[str], list[tuple[str, datetime]]]:
         ttl_cutoff = now - timedelta(seconds=self.config.session_ttl_s)
+        # An online key's session lives as long as its conversation goes on: its TTL counts from its
+        # last call. Any other session's counts from its creation.
+        last_call = (
+            select(func.max(Completion.created_at))
+            .where(Completion.session_id == Session.id)
+            .scalar_subquery()
+        )
+        last_active = func.coalesce(last_call, Session.created_at)
+        idle = and_(Session.owner_key_hash.is_not(None), last_active <= ttl_cutoff)
+        old = and_(Session.owner_key_hash.is_(None), Session.created_at <= ttl_cutoff)
         async with self._session_factory() as db:
             expired = (
                 await db.execute(
                     select(Session.id)
-                    .where(Session.status == SessionStatus.ACTIVE.value, Session.created_at <= ttl_cutoff)
+                    .where(Session.status == SessionStatus.ACTIVE.value, or_(old, idle))
                     .order_by(Session.created_at)
                     .limit(_SWEEP_BATCH)
                 )

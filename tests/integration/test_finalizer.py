@@ -15,7 +15,7 @@ from rewards.config import FinalizerConfig
 from rewards.finalizer import SessionActiveError, SessionFinalizer
 from storage.claims import claim_batch
 from storage.engine import SessionFactory, write_transaction
-from storage.models import Session, Trajectory
+from storage.models import Completion, Session, Trajectory
 from storage.queries import (
     add_reward,
     create_group,
@@ -294,3 +294,24 @@ def test_migration_fills_temperature_of_existing_rows(empty_db_url: str) -> None
 def _blob(dialect: str) -> str:
     # Empty arrays satisfy the length check; SQLite and Postgres spell an empty blob differently.
     return "X''" if dialect == "sqlite" else "''::bytea"
+
+
+async def test_an_online_session_expires_when_idle_not_when_old(session_factory: SessionFactory) -> None:
+    config = FinalizerConfig(session_ttl_s=600, reward_grace_s=60)
+    finalizer = SessionFinalizer(session_factory, config)
+    long_ago = datetime.now(UTC) - timedelta(hours=2)
+    talking, idle = f"sess-{next(_ids)}", f"sess-{next(_ids)}"
+    for sid in (talking, idle):
+        record = SessionRecord(id=sid, key_hash=hash_api_key(sid), owner_key_hash=hash_api_key("online"))
+        await create_session(session_factory, record)
+        await _age(session_factory, sid, created_at=long_ago)
+    await record_completions(session_factory, [_completion(talking, [1], [2])])  # a call just now
+    quiet = _completion(idle, [1], [2])
+    await record_completions(session_factory, [quiet])
+    async with write_transaction(session_factory) as db:
+        await db.execute(update(Completion).where(Completion.id == quiet.id).values(created_at=long_ago))
+
+    await finalizer.sweep()
+
+    assert await _status(session_factory, talking) == "active"
+    assert await _status(session_factory, idle) == "finalized"
