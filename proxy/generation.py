@@ -54,12 +54,6 @@ class GenerationPlan:
     """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
     branched: bool = False
     """The client changed its session's history, so this call starts a new branch."""
-    parent_id: str | None = None
-    """The completion this call's conversation extends (proxy/conversations.py); None for a root."""
-    prefix_len: int = 0
-    """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
-    branched: bool = False
-    """The client changed its session's history, so this call starts a new branch."""
 
     @property
     def n(self) -> int:
@@ -196,7 +190,7 @@ async def open_stream(
     """Start a streaming generation: the worker it started on, the stream (a `ResumingStream`: it holds
     the worker lease until closed, fails over while nothing was generated and resumes choices a weight
     push aborted or a lost worker cut off), and its first chunk."""
-    from proxy.resume import ResumingStream  # resume.py builds on this module
+    from proxy.resume_stream import ResumingStream  # resume_stream.py builds on this module
 
     stream = ResumingStream(balancer, plan)
     try:

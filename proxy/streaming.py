@@ -32,7 +32,7 @@ from proxy.responses import (
     tool_call_id,
     usage,
 )
-from proxy.resume import ResumingStream
+from proxy.resume_stream import ResumingStream
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices
 from serving.errors import WorkerError

@@ -278,3 +278,33 @@ def test_an_abort_the_proxy_caused_is_recorded_not_resumed(
     assert len(generate_calls(worker)) == 1 and worker.requests_to("/abort_request")
     assert metric(proxy, "flywheel_proxy_generation_resumes_total", 'cause="abort"') is None
     servers.call(worker.stop())
+
+
+def test_a_stop_string_across_a_pause_ends_the_stream(proxies: ProxyFactory, servers: LoopThread) -> None:
+    worker = servers.start_scripted()
+    proxy = proxies.start([worker.url])
+    client = proxy.client(key=proxy.admin_key)  # each call its own session: the same prompt ids
+    client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1)
+    prompt = generate_calls(worker)[0]["input_ids"]
+    before = expected_tokens(prompt, 6)  # generated before the pause
+    after = expected_tokens(prompt + before, 30)  # by the resumed request
+    stop = scripted_text(before[4:] + after[:2])  # the resumed request's worker sees only its half
+    assert scripted_text(before + after).find(stop) == 4
+    worker.pause_after_tokens = 6
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(list(client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=30, stop=[stop], stream=True))))
+    thread.start()
+    wait_for(lambda: worker.paused_mode == "abort" and len(generate_calls(worker)) == 3, "the resumed call")
+    worker.pause_after_tokens = None
+    set_paused(servers, worker, None)
+    thread.join(30)
+    chunks = outcome[0]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == scripted_text(before[:4])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    row = proxy.completion(chunks[0].id)
+    assert row.finish_reason == "stop" and row.output_ids.tolist() == before + after[:2]
+    assert generate_calls(worker)[2]["input_ids"] == prompt + before
+    wait_for(lambda: worker.in_flight == 0, "the resumed request to be aborted")
+    servers.call(worker.stop())

@@ -138,6 +138,9 @@ class ScriptedWorker:
         self.dead = False
         self.generate_status: int | None = None
         """When set, /generate answers this HTTP status with an error body (a worker failing)."""
+        self.pause_after_tokens: int | None = None
+        """When set, a sample reaching this many output tokens pauses the worker in abort mode (as a
+        weight push does, at a known token); continue it with `set_paused(None)`."""
         self.requests: list[RecordedRequest] = []
         self.paused_mode: str | None = None
         self._changed = asyncio.Event()
@@ -311,6 +314,8 @@ class ScriptedWorker:
         token = self.token_fn(sample.prompt_ids, len(sample.output_ids), sample.index, sample.seed)
         sample.output_ids.append(token)
         sample.versions.append(self.weight_version)
+        if len(sample.output_ids) == self.pause_after_tokens:
+            self.set_paused("abort")
         if token in sample.stop_token_ids or token == self.eos_token_id:
             sample.finish_reason = {"type": "stop", "matched": token}
             return

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.balancer import Balancer, RoutingPolicy
 from proxy.generation import read_choice
 from proxy.metrics import ProxyMetrics
-from proxy.resume import Prefix, join_text, merge, resumable, version_spans
+from proxy.resume import Prefix, end_at_straddling_stop, join_text, merge, resumable, version_spans
 from serving.client import SGLangClient
 from serving.config import ClientConfig
 from serving.models.tiny import build_tokenizer
@@ -114,3 +114,28 @@ def test_only_aborts_without_a_client_error_are_resumed() -> None:
     assert not resumable(piece([1], "a", "0", {"type": "abort", "status_code": 400}))
     assert not resumable(piece([1], "a", "0", {"type": "length", "length": 1}))
     assert not resumable(piece([1], "a", "0", None))
+
+
+def test_a_stop_string_across_the_boundary_ends_the_choice() -> None:
+    tokenizer = build_tokenizer(seed=0)
+
+    def decode(ids: Any) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    text = "the quick brown fox jumps over my lazy dog"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    cut = len(ids) // 2
+    boundary = len(decode(ids[:cut]))
+    stop = text[boundary - 2: boundary + 2]  # the worker of the second piece sees only its half
+    assert text.find(stop) == boundary - 2
+    first = piece(ids[:cut], decode(ids[:cut]), "0", {"type": "abort"})
+    second = piece(ids[cut:], decode(ids[cut:]), "1", {"type": "length", "length": len(ids) - cut})
+    ended = end_at_straddling_stop(Prefix.of(first, decode), second, [stop, "zzz"], decode)
+    choice = read_choice(ended, 0, final=True)
+    assert choice.text == text[: boundary - 2] and choice.finish_reason == "stop"
+    kept = len(choice.output_ids)
+    assert choice.output_ids == ids[:kept] and len(choice.logprobs) == len(choice.versions) == kept
+    assert len(decode(ids[: kept - 1])) < boundary + 2 <= len(decode(ids[:kept]))  # the last completes it
+    assert choice.versions == [0] * cut + [1] * (kept - cut)
+    untouched = end_at_straddling_stop(Prefix.of(first, decode), second, ["zzz"], decode)
+    assert read_choice(untouched, 0, final=True).output_ids == ids
