@@ -15,6 +15,7 @@ records whose request_json has chat `messages` are learned.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SESSIONS = 4096
+DEFAULT_MAX_NODES = 20_000  # per session: a busy session keeps its newest conversations in memory
+_EVICT_SCAN = 64  # oldest nodes looked at per eviction (a long chain has no leaf among them)
 
 
 @dataclass(eq=False, slots=True)
@@ -58,6 +61,8 @@ class ConversationNode:
     tools: str | None
     prompt_ids: np.ndarray  # the suffix after the parent's prompt + output (all of it for a root)
     output_ids: np.ndarray
+    path_hash: int = 0
+    children: int = 0  # nodes in memory that extend this one
 
     def full_ids(self) -> list[int]:
         """The whole sequence of this completion: every prompt suffix and output from the root."""
@@ -73,6 +78,7 @@ class ConversationNode:
 class SessionTree:
     """A session's conversation tree, indexed by the rolling hash of each node's path."""
 
+    max_nodes: int = DEFAULT_MAX_NODES
     nodes: dict[str, ConversationNode] = field(default_factory=dict)
     by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
     openings: set[MessageKey] = field(default_factory=set)
@@ -107,10 +113,28 @@ class SessionTree:
         self.openings.add(path[0])
         self.answers.add(answer)
         hashes = prefix_hashes(tools, path)
-        self.by_hash.setdefault(hashes[-1], []).append(node)
+        node.path_hash = hashes[-1]
+        self.by_hash.setdefault(node.path_hash, []).append(node)
         if len(hashes) > 1:
             self.asked.add(hashes[-2])
+        if parent is not None:
+            parent.children += 1
+        if len(self.nodes) > self.max_nodes:
+            self._evict()
         return True
+
+    def _evict(self) -> None:
+        """Forget the oldest leaves beyond `max_nodes` (a finished conversation's last turn first). A
+        later child of a forgotten node makes the tree reload from the database."""
+        leaves = [n for n in itertools.islice(self.nodes.values(), _EVICT_SCAN) if n.children == 0]
+        for node in leaves[: len(self.nodes) - self.max_nodes]:
+            del self.nodes[node.id]
+            same = self.by_hash[node.path_hash]
+            same.remove(node)
+            if not same:
+                del self.by_hash[node.path_hash]
+            if node.parent is not None:
+                node.parent.children -= 1
 
     def add_all(self, records: Sequence[CompletionRecord]) -> bool:
         """Learn records in any order (parents first where timestamps tie); False if some never fit."""

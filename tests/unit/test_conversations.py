@@ -181,3 +181,16 @@ def test_full_ids_are_int_lists() -> None:
     tree.add(first)
     assert tree.nodes[first.id].full_ids() == [1, 2]
     assert isinstance(tree.nodes[first.id].prompt_ids, np.ndarray)
+
+
+def test_a_busy_session_forgets_its_oldest_finished_turns() -> None:
+    tree = SessionTree(max_nodes=3)
+    first = record([USER], CALL)
+    second = record([RESULT], FINAL, parent=first.id)
+    others = [record([{"role": "user", "content": f"q{i}"}], FINAL) for i in range(2)]
+    assert tree.add_all([first, second, *others])
+
+    assert list(tree.nodes) == [first.id, others[0].id, others[1].id]  # the oldest leaf went first
+    assert tree.nodes[first.id].children == 0  # its child is gone: it is a leaf now
+    assert tree.deepest_prefix(None, keys([USER, CALL, RESULT, FINAL, SUMMARY])).id == first.id  # type: ignore[union-attr]
+    assert not tree.add(record([SUMMARY], FINAL, parent=second.id))  # a child of a forgotten node
