@@ -308,3 +308,42 @@ def test_a_stop_string_across_a_pause_ends_the_stream(proxies: ProxyFactory, ser
     assert generate_calls(worker)[2]["input_ids"] == prompt + before
     wait_for(lambda: worker.in_flight == 0, "the resumed request to be aborted")
     servers.call(worker.stop())
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_legacy_completions_resume_across_a_pause(
+    proxies: ProxyFactory, servers: LoopThread, stream: bool
+) -> None:
+    worker = servers.start_scripted()
+    worker.pause_after_tokens = 5
+    proxy = proxies.start([worker.url])
+    outcome: list[Any] = []
+
+    def call() -> None:
+        client = proxy.client()
+        created = client.completions.create(model="m", prompt=[11, 12, 13], max_tokens=20, stream=stream)
+        if stream:
+            chunks = list(created)
+            outcome.append((chunks[0].id, "".join(c.choices[0].text for c in chunks if c.choices)))
+        else:
+            outcome.append((created.id, created.choices[0].text))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    wait_for(lambda: worker.paused_mode == "abort" and len(generate_calls(worker)) == 2, "the resumed call")
+
+    async def push() -> None:
+        worker.pause_after_tokens = None
+        worker.weight_version = "1"
+        worker.set_paused(None)
+
+    servers.call(push())
+    thread.join(30)
+    response_id, text = outcome[0]
+    [row] = proxy.completions()
+    before = expected_tokens([11, 12, 13], 5)
+    output_ids = before + expected_tokens([11, 12, 13, *before], 15)
+    assert row.id == response_id and row.output_ids.tolist() == output_ids and row.finish_reason == "length"
+    assert row.output_versions.tolist() == [0] * 5 + [1] * 15
+    assert text == scripted_text(output_ids)
+    servers.call(worker.stop())
