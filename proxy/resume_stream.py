@@ -62,14 +62,17 @@ class ResumingStream:
         return last is None or finish_type(last) is None or resumable(last)
 
     async def _run(self) -> Chunks:
-        async for merged in self._relay(self._plan.worker_request, None):
-            yield merged
-        pending = [index for index in range(self._plan.n) if self._unfinished(index)]
-        if len(pending) == 1:
-            async for merged in self._resume(pending[0]):
+        # Each inner generator is closed as soon as this one is, so its lease and connection end then.
+        async with contextlib.aclosing(self._relay(self._plan.worker_request, None)) as relay:
+            async for merged in relay:
                 yield merged
-        elif pending:
-            async for merged in interleave([self._resume(index) for index in pending]):
+        pending = [index for index in range(self._plan.n) if self._unfinished(index)]
+        if not pending:
+            return
+        resumed = self._resume(pending[0]) if len(pending) == 1 else interleave(
+            [self._resume(index) for index in pending])
+        async with contextlib.aclosing(resumed) as chunks:
+            async for merged in chunks:
                 yield merged
 
     async def _resume(self, index: int) -> Chunks:
@@ -91,8 +94,9 @@ class ResumingStream:
                 return
             self._balancer.count_resume("abort" if last is not None and finish_type(last) else "lost")
             self._prefix[index] = prefix
-            async for merged in self._relay(request, index):
-                yield merged
+            async with contextlib.aclosing(self._relay(request, index)) as relay:
+                async for merged in relay:
+                    yield merged
             now = self._last.get(index) or {}
             await budget.after(len(now.get("output_ids") or ()) > len(prefix.output_ids))
 
