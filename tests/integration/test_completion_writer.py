@@ -1,0 +1,82 @@
+"""storage/writer.py, the recorder's write path: rows land committed and readable on SQLite and Postgres;
+on SQLite the writer's own connection keeps the configured pragmas and waits for another writer's lock
+on its thread while the event loop goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from sqlalchemy import select, text
+
+from storage.config import StorageConfig
+from storage.engine import create_engine, create_sessionmaker, write_transaction
+from storage.migrate import upgrade
+from storage.models import Completion
+from storage.queries import create_session
+from storage.records import CompletionRecord, SessionRecord
+from storage.writer import SqliteThreadWriter, completion_writer
+
+
+def completion(completion_id: str) -> CompletionRecord:
+    return CompletionRecord(
+        id=completion_id, session_id="s1", parent_id=None, prompt_ids=[1, 2, 3], output_ids=[4, 5],
+        output_logprobs=[-0.25, -0.5], output_versions=[7, 8], finish_reason="stop", temperature=0.7,
+        top_p=0.9, top_k=-1, request_json={"messages": [{"role": "user", "content": "hé"}]},
+        response_json={"id": completion_id, "choices": []},
+    )
+
+
+async def test_written_rows_read_back_exactly(db_url: str) -> None:
+    engine = create_engine(StorageConfig(url=db_url))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    writer = completion_writer(factory)
+    try:
+        await writer.write([completion("a"), completion("b")])
+        async with factory() as db:
+            rows = {row.id: row for row in (await db.execute(select(Completion))).scalars()}
+    finally:
+        await writer.close()
+        await engine.dispose()
+    assert set(rows) == {"a", "b"}
+    row = rows["a"]
+    assert row.prompt_ids.tolist() == [1, 2, 3] and row.output_versions.tolist() == [7, 8]
+    assert np.allclose(row.output_logprobs, [-0.25, -0.5])
+    assert (row.temperature, row.top_p, row.top_k, row.branched) == (0.7, 0.9, -1, False)
+    assert row.request_json["messages"][0]["content"] == "hé"
+    assert row.created_at is not None
+
+
+async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(tmp_path: object) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/w.db"
+    await asyncio.to_thread(upgrade, url)
+    engine = create_engine(StorageConfig(url=url, sqlite_busy_timeout_ms=12345, sqlite_synchronous="FULL"))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    writer = completion_writer(factory)
+    assert isinstance(writer, SqliteThreadWriter)
+    try:
+        async with write_transaction(factory):  # another writer holds the lock (BEGIN IMMEDIATE)
+            write = asyncio.create_task(writer.write([completion("late")]))
+            ticks = 0
+            while ticks < 50:  # the loop keeps running while the write waits on its thread
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert not write.done()
+        await write
+        async with factory() as db:
+            assert (await db.execute(select(Completion.id))).scalars().all() == ["late"]
+        twin = writer._engine
+        assert twin is not None
+        pragmas = await asyncio.get_running_loop().run_in_executor(writer._thread, _pragmas, twin)
+        assert pragmas == {"busy_timeout": 12345, "synchronous": 2, "foreign_keys": 1}
+    finally:
+        await writer.close()
+        await engine.dispose()
+
+
+def _pragmas(engine: object) -> dict[str, int]:
+    with engine.connect() as connection:  # type: ignore[attr-defined]
+        return {name: int(connection.execute(text(f"PRAGMA {name}")).scalar_one())
+                for name in ("busy_timeout", "synchronous", "foreign_keys")}
