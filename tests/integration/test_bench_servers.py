@@ -1,0 +1,67 @@
+"""The proxy benchmark's own servers (benchmarks/overhead/): the zero-latency worker answers OpenAI chat
+calls, streamed and not, and the bare passthrough relays them unchanged, as the real `openai` client
+sees them. (No timing here: the benchmark measures, tests only check it measures the right thing.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+from aiohttp import web
+
+from benchmarks.overhead.passthrough import build_app
+from benchmarks.overhead.worker import BenchWorker
+from serving.threaded_server import free_port
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture
+async def urls() -> AsyncIterator[tuple[str, str]]:
+    worker = BenchWorker()
+    worker_url = await worker.start()
+    runner = web.AppRunner(build_app(worker_url))
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield worker_url, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await worker.stop()
+
+
+async def test_worker_and_passthrough_answer_alike(urls: tuple[str, str]) -> None:
+    answers = {}
+    for name, url in zip(("worker", "passthrough"), urls, strict=True):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        reply = await client.chat.completions.create(model="bench", messages=MESSAGES, max_tokens=5)
+        stream = await client.chat.completions.create(
+            model="bench", messages=MESSAGES, max_tokens=5, stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert len(reply.choices[0].message.content or "") == 5
+        assert streamed == reply.choices[0].message.content
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+        answers[name] = streamed
+        await client.close()
+    assert answers["worker"] == answers["passthrough"]
+
+
+async def test_passthrough_relays_sglang_generate_streams(urls: tuple[str, str]) -> None:
+    import aiohttp
+
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        bodies = []
+        for url in urls:
+            async with http.post(f"{url}/generate", json=body) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                bodies.append(await response.read())
+    events = [line for line in bodies[0].split(b"\n\n") if line]
+    assert len(events) == 5 and events[-1] == b"data: [DONE]"  # 4 cumulative chunks, then DONE
+    assert len(bodies[0]) == len(bodies[1])  # same shape (rids differ)
