@@ -50,10 +50,7 @@ async def create_chat_completion(
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> Response:
     request_json = parse_request_json(await request.body())
-    session_id = principal.session_id or uuid.uuid4().hex
-    if principal.scope == "online":  # joins the session whose conversation it extends, or starts one
-        messages, tools = body.template_messages(), body.template_tools()
-        session_id = await online_session(services, principal, messages, tools)
+    session_id = await call_session_id(services, principal, body.template_messages(), body.template_tools())
     conversation = await chat_prompt(services, principal, session_id, body)
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
@@ -79,6 +76,20 @@ async def create_chat_completion(
             chat_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
     return await answer_json(_complete(services, plan, body, request_json), end_call_session, headers)
+
+
+async def call_session_id(
+    services: ProxyServices, principal: Principal, messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> str:
+    """The session a call belongs to: its session key's; for an online key, the session whose conversation
+    it extends (or a new one, proxy/online.py); for an admin key, a new one-off session (created with
+    `open_call_session` once the request is known to be valid)."""
+    if principal.session_id is not None:
+        return principal.session_id
+    if principal.scope == "online":
+        return await online_session(services, principal, messages, tools)
+    return uuid.uuid4().hex
 
 
 async def chat_prompt(

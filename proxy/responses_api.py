@@ -14,7 +14,6 @@ recorded for training).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -28,6 +27,7 @@ from proxy.chat import (
     SESSION_HEADER,
     SSE_HEADERS,
     answer_json,
+    call_session_id,
     chat_prompt,
     count_generated,
     open_call_session,
@@ -58,7 +58,7 @@ async def create_response(
     request_json = parse_request_json(await request.body())
     history = await previous_items(services, principal, body.previous_response_id)
     chat = chat_request(body, history, request_json)
-    session_id = principal.session_id or uuid.uuid4().hex
+    session_id = await call_session_id(services, principal, chat.template_messages(), chat.template_tools())
     conversation = await chat_prompt(services, principal, session_id, chat)
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
@@ -72,7 +72,7 @@ async def create_response(
     # messages this call adds to its parent's history.
     new_messages = chat.template_messages()[conversation.new_from:]
     request_json = {**request_json, CHAT_VIEW: chat_view(new_messages, chat.template_tools())}
-    end_call_session = None if principal.session_id else await open_call_session(services, session_id)
+    end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
     headers = {SESSION_HEADER: session_id}
     if not body.streaming:
         complete = _complete(services, plan, body, chat, request_json)

@@ -93,3 +93,18 @@ def test_online_key_calls_join_sessions_by_conversation(
     assert later_session not in (trip_session, poem_session)
     later = [c for c in proxy.completions() if c.session_id == later_session]
     assert len(later) == 1 and later[0].parent_id is None and not later[0].branched
+
+
+def test_online_key_responses_calls_get_sessions_it_owns(
+    proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
+) -> None:
+    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    key = create_online_key(db_url, tmp_path)
+
+    raw = proxy.client(key).responses.with_raw_response.create(model="m", input="Count.", max_output_tokens=4)
+    session_id = raw.headers[SESSION_HEADER]
+    assert raw.parse().id.startswith("resp_")
+
+    session = {s.id: s for s in proxy.sessions()}[session_id]
+    assert session.owner_key_hash == hash_api_key(key) and session.status == "active"
+    assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/end").status_code == 200
