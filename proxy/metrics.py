@@ -76,18 +76,6 @@ class ProxyMetrics:
             "rewrites history, or retokenization drift the chaining avoided)",
             registry=self.registry,
         )
-        self.conversation_turns = Counter(
-            "flywheel_proxy_conversation_turns",
-            "Chat calls of sessions by how their prompt was built: chained onto an earlier completion, a "
-            "new root, or a branch (the client changed the session's history)",
-            ["kind"], registry=self.registry,
-        )
-        self.conversation_drift = Counter(
-            "flywheel_proxy_conversation_drift",
-            "Chained prompts that differ from a fresh render of the same messages (a template that "
-            "rewrites history, or retokenization drift the chaining avoided)",
-            registry=self.registry,
-        )
         self.stream_disconnects = Counter(
             "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
             registry=self.registry,
