@@ -145,10 +145,21 @@ class GenerationStream:
             self.services.metrics.time_to_first_token.observe(time.perf_counter() - self._started)
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The response body. If the client leaves, this generator is cancelled: stop the reader."""
+        """The response body. If the client leaves, this generator is cancelled: stop the reader.
+        Chunks queued together go out as one write: each ASGI send is a socket write, which costs more
+        than the chunk itself, and SSE readers parse the bytes the same however they are split."""
+        queue = self._queue
         try:
-            while (item := await self._queue.get()) is not None:
-                yield item
+            while (item := await queue.get()) is not None:
+                if queue.empty():
+                    yield item
+                    continue
+                parts = [item]
+                while not queue.empty() and (item := queue.get_nowait()) is not None:
+                    parts.append(item)
+                yield b"".join(parts)
+                if item is None:
+                    return
         finally:
             self.stop_reading()
 

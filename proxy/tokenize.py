@@ -6,16 +6,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from proxy.errors import OpenAIError
 
 logger = logging.getLogger(__name__)
 
 _TOKEN_BYTES_CACHE = 65536
+RENDER_CACHE_ENTRIES = 4096
+RENDER_CACHE_COST = 4_000_000
+"""The render cache's bound, in token ids plus key bytes (about 150 MB at most)."""
+
+
+class RenderCache:
+    """Recently rendered prompts, keyed on their encoded (messages, tools): a GRPO group sends the same
+    prompt G times and an agent resends its system prompt and tools on every call; rendering and
+    tokenizing again would give the same ids. Least recently used first out; thread-safe (long prompts
+    are rendered in worker threads)."""
+
+    def __init__(self, max_entries: int = RENDER_CACHE_ENTRIES, max_cost: int = RENDER_CACHE_COST) -> None:
+        self._entries: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_cost = max_cost
+        self._cost = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> list[int] | None:
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is None:
+                return None
+            self._entries.move_to_end(key)
+        return list(ids)  # a copy: callers may extend the prompt they were given
+
+    def put(self, key: bytes, ids: Sequence[int]) -> None:
+        cost = len(key) + len(ids)
+        if cost > self._max_cost:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = tuple(ids)
+            self._cost += cost
+            while len(self._entries) > self._max_entries or self._cost > self._max_cost:
+                old_key, old_ids = self._entries.popitem(last=False)
+                self._cost -= len(old_key) + len(old_ids)
 
 
 class ChatTokenizer:
@@ -34,10 +76,24 @@ class ChatTokenizer:
         # OpenAI's `developer` role is the system role of newer models; templates that never heard of
         # it get a system message instead.
         self._knows_developer = "developer" in str(tokenizer.chat_template)
+        # A template that reads the clock (Llama 3's date line) renders differently over time: no cache.
+        self._rendered = None if "strftime_now" in str(tokenizer.chat_template) else RenderCache()
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
         """Prompt token ids of `messages` with the generation prompt appended."""
-        return self.encode(self.render_text(messages, tools))
+        key = _render_key(messages, tools) if self._rendered is not None else None
+        return self._cached_render(key) or self._render_fresh(messages, tools, key)
+
+    def _cached_render(self, key: bytes | None) -> list[int] | None:
+        return self._rendered.get(key) if self._rendered is not None and key is not None else None
+
+    def _render_fresh(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, key: bytes | None
+    ) -> list[int]:
+        ids = self.encode(self.render_text(messages, tools))
+        if self._rendered is not None and key is not None:
+            self._rendered.put(key, ids)
+        return ids
 
     def render_text(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
@@ -64,14 +120,18 @@ class ChatTokenizer:
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
         thread_above_chars: int,
     ) -> list[int]:
-        """`render`, in a worker thread when the prompt is long enough for that to pay."""
+        """`render`, in a worker thread when the prompt is long enough for that to pay (and not cached)."""
+        key = _render_key(messages, tools) if self._rendered is not None else None
+        cached = self._cached_render(key)
+        if cached is not None:
+            return cached
         size = sum(len(m["content"]) if isinstance(m.get("content"), str) else len(json.dumps(m["content"]))
                    for m in messages)
         if tools:
             size += sum(len(json.dumps(tool)) for tool in tools)
         if size > thread_above_chars:
-            return await asyncio.to_thread(self.render, messages, tools)
-        return self.render(messages, tools)
+            return await asyncio.to_thread(self._render_fresh, messages, tools, key)
+        return self._render_fresh(messages, tools, key)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` with no special tokens added (the template already wrote them)."""
@@ -106,6 +166,15 @@ class ChatTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def _render_key(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> bytes | None:
+    """The render cache's key: the exact JSON of what the template sees (None if it is not JSON, which
+    is then rendered every time)."""
+    try:
+        return msgspec.json.encode((messages, tools))
+    except (TypeError, msgspec.EncodeError):
+        return None
 
 
 def load_chat_tokenizer(model_dir: Path, context_length: int | None) -> ChatTokenizer:
