@@ -13,10 +13,10 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
@@ -26,9 +26,10 @@ from proxy.errors import OpenAIError
 from proxy.generation import ChoiceResult, GenerationPlan, generate, open_stream, plan_generation
 from proxy.online import online_session
 from proxy.parsers import OutputParser, reasoning_parser, tool_call_parser
+from proxy.request_body import decoded_body, validated_body
 from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
-from proxy.services import ProxyServices, get_services
+from proxy.services import ProxyServices
 from proxy.streaming import ChatStream
 from proxy.tokenize import ChatTokenizer
 from storage.queries import create_session, end_session, hash_api_key
@@ -43,13 +44,12 @@ _PROMPT_TAIL_TOKENS = 8  # enough to see whether the prompt ends by opening a <t
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def create_chat_completion(
-    request: Request,
-    body: ChatCompletionRequest,
-    principal: Annotated[Principal, Depends(require_principal)],
-    services: Annotated[ProxyServices, Depends(get_services)],
-) -> Response:
-    request_json = parse_request_json(await request.body())
+async def create_chat_completion(request: Request) -> Response:
+    # Taken by hand (decoded once), in FastAPI's order: unparsable JSON, the key, then the body's fields.
+    request_json = await decoded_body(request)
+    principal = await require_principal(request)
+    services: ProxyServices = request.app.state.services
+    body = validated_body(request_json, ChatCompletionRequest)
     session_id = await call_session_id(services, principal, body.template_messages(), body.template_tools())
     conversation = await chat_prompt(services, principal, session_id, body)
     prompt_ids = conversation.prompt_ids

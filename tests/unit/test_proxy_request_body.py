@@ -1,0 +1,78 @@
+"""proxy/request_body.py answers every bad body exactly as a FastAPI body parameter does (the OpenAI-shaped
+400 of proxy/errors.py): the same app serves both ways and each bad request gets the same answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi import Depends, FastAPI, Request
+from fastapi.testclient import TestClient
+
+from proxy.errors import OpenAIError, install_error_handlers
+from proxy.request_body import decoded_body, validated_body
+from proxy.schemas import ChatCompletionRequest
+
+GOOD = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+JSON = {"content-type": "application/json", "authorization": "Bearer k"}
+
+
+async def require_key(request: Request) -> None:
+    """Stands in for the routes' key check (a dependency)."""
+    if "authorization" not in request.headers:
+        raise OpenAIError(401, "no key", "authentication_error", code="invalid_api_key")
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    async def by_fastapi(body: ChatCompletionRequest, _key: None = Depends(require_key)) -> dict[str, Any]:
+        return body.model_dump(exclude_none=True)
+
+    async def by_hand(request: Request) -> dict[str, Any]:
+        payload = await decoded_body(request)
+        await require_key(request)
+        body = validated_body(payload, ChatCompletionRequest)
+        assert isinstance(payload, dict)
+        return body.model_dump(exclude_none=True)
+
+    app.add_api_route("/fastapi", by_fastapi, methods=["POST"])
+    app.add_api_route("/hand", by_hand, methods=["POST"])
+    return TestClient(app)
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (GOOD, JSON),
+        (GOOD, {"content-type": "application/vnd.api+json; charset=utf-8", "authorization": "Bearer k"}),
+        (GOOD, {"content-type": "text/plain", "authorization": "Bearer k"}),
+        (GOOD, {"authorization": "Bearer k"}),
+        (GOOD, {"content-type": "application/json"}),  # no key: 401
+        (b"{not json", {"content-type": "application/json"}),  # unparsable before the key: 400
+        (b"{}", {"content-type": "application/json"}),  # the key before the fields: 401
+        (b"", JSON),
+        (b"null", JSON),
+        (b"{not json", JSON),
+        (b"[1, 2]", JSON),
+        (b'"text"', JSON),
+        (b"{}", JSON),
+        (b'{"model": "m", "messages": "hi"}', JSON),
+        (b'{"model": "m", "messages": [{"role": "user"}]}', JSON),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}', JSON),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', JSON),
+        (b'{"model": "m", "messages": [{"role": "nobody", "content": "hi"}]}', JSON),
+    ],
+)
+def test_answers_as_fastapi_does(client: TestClient, content: bytes, headers: dict[str, str]) -> None:
+    expected = client.post("/fastapi", content=content, headers=headers)
+    answer = client.post("/hand", content=content, headers=headers)
+    assert (answer.status_code, answer.json()) == (expected.status_code, expected.json())
+    if "authorization" not in headers and content != b"{not json":
+        assert answer.status_code == 401
+    elif content == GOOD and "json" in headers.get("content-type", ""):
+        assert answer.status_code == 200
+    else:
+        assert answer.status_code == 400
