@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
 from proxy.config import ProxyConfig
@@ -30,6 +30,7 @@ from proxy.request_body import decoded_body, validated_body
 from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices
+from proxy.sse_response import EventStreamResponse
 from proxy.streaming import ChatStream
 from proxy.tokenize import ChatTokenizer
 from storage.queries import create_session, end_session, hash_api_key
@@ -72,9 +73,7 @@ async def create_chat_completion(request: Request) -> Response:
                 await end_call_session()
             raise
         chat_stream = ChatStream(services, plan, body, request_json, worker, stream, first, end_call_session)
-        return StreamingResponse(
-            chat_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-        )
+        return EventStreamResponse(chat_stream.events(), chat_stream.stop_reading, {**SSE_HEADERS, **headers})
     return await answer_json(_complete(services, plan, body, request_json), end_call_session, headers)
 
 

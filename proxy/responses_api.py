@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import msgspec
 from fastapi import Depends, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from sqlalchemy import select
 
 from proxy.auth import Principal, require_principal
@@ -44,6 +44,7 @@ from proxy.responses_api_record import CHAT_VIEW, chat_view
 from proxy.responses_api_stream import ResponsesStream
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices, get_services
+from proxy.sse_response import EventStreamResponse
 from storage.models import Completion
 
 MAX_CHAIN = 1000  # previous_response_id links followed; a longer chain is refused, never looped over
@@ -86,8 +87,8 @@ async def create_response(
     responses_stream = ResponsesStream(
         services, plan, body, chat, request_json, worker, stream, first, end_call_session
     )
-    return StreamingResponse(
-        responses_stream.events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+    return EventStreamResponse(
+        responses_stream.events(), responses_stream.stop_reading, {**SSE_HEADERS, **headers}
     )
 
 
