@@ -3,10 +3,41 @@ number of apps can live in one process)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as _PrometheusCounter
+from prometheus_client import Gauge as _PrometheusGauge
+from prometheus_client import Histogram as _PrometheusHistogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class _CachedLabels:
+    """`labels(...)` answered from a plain dict once a child exists: prometheus_client's own takes a
+    lock and rebuilds its key on every call, and a request makes about ten of them."""
+
+    def labels(self, *values: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            return super().labels(*values, **kwargs)  # type: ignore[misc]
+        children: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_cached_children", {})
+        child = children.get(values)
+        if child is None:
+            child = children[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+
+class Counter(_CachedLabels, _PrometheusCounter):
+    pass
+
+
+class Gauge(_CachedLabels, _PrometheusGauge):
+    pass
+
+
+class Histogram(_CachedLabels, _PrometheusHistogram):
+    pass
 
 
 class ProxyMetrics:
