@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Engine, Table, event, insert, make_url
+from sqlalchemy import Connection, Engine, Table, event, insert, make_url
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -70,6 +70,9 @@ class SqliteThreadWriter:
         self._async_engine = engine
         self._engine: Engine | None = None
         self._thread: ThreadPoolExecutor | None = None
+        # Used only on the writer thread: kept open between transactions, as checking a connection out
+        # of the pool and resetting it on return cost more than the one-row insert itself.
+        self._connection: Connection | None = None
 
     async def write(self, records: Sequence[CompletionRecord]) -> None:
         rows = [_completion_row(record) for record in records]
@@ -78,13 +81,30 @@ class SqliteThreadWriter:
         if self._engine is None or self._thread is None:
             self._engine = await self._twin_engine()
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sqlite-writer")
-        await asyncio.get_running_loop().run_in_executor(self._thread, _insert, self._engine, rows)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, self._engine, rows)
+
+    def _insert(self, engine: Engine, rows: list[dict[str, Any]]) -> None:
+        connection = self._connection if self._connection is not None else engine.connect()
+        self._connection = None
+        try:
+            with connection.begin():
+                connection.execute(_INSERT, rows)
+        except BaseException:
+            connection.close()  # a failed transaction: the next one starts on a fresh connection
+            raise
+        self._connection = connection
+
+    def _dispose(self, engine: Engine) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        engine.dispose()
 
     async def close(self) -> None:
         engine, thread = self._engine, self._thread
         self._engine = self._thread = None
         if engine is not None and thread is not None:
-            await asyncio.get_running_loop().run_in_executor(thread, engine.dispose)
+            await asyncio.get_running_loop().run_in_executor(thread, self._dispose, engine)
             thread.shutdown(wait=False)
 
     async def _twin_engine(self) -> Engine:
@@ -93,7 +113,8 @@ class SqliteThreadWriter:
             pragmas = {name: (await connection.exec_driver_sql(f"PRAGMA {name}")).scalar_one()
                        for name in _PRAGMAS}
         url = make_url(self._async_engine.url).set(drivername="sqlite")
-        engine = create_sync_engine(url, pool_size=1, max_overflow=0)
+        # The writer keeps one connection; a second one serves anything else (reading the pragmas back).
+        engine = create_sync_engine(url, pool_size=2, max_overflow=0)
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None  # BEGIN is ours (below), as in storage/engine.py
@@ -107,7 +128,3 @@ class SqliteThreadWriter:
         event.listen(engine, "begin", on_begin)
         return engine
 
-
-def _insert(engine: Engine, rows: list[dict[str, Any]]) -> None:
-    with engine.begin() as connection:
-        connection.execute(_INSERT, rows)
