@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
 from proxy.config import ProxyConfig
+from proxy.conversation_text import ConversationKeys
 from proxy.conversations import ConversationPrompt, conversation_prompt
 from proxy.errors import OpenAIError
 from proxy.generation import ChoiceResult, GenerationPlan, generate, open_stream, plan_generation
@@ -58,9 +59,9 @@ async def create_chat_completion(request: Request) -> Response:
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
         services.served_model_name, output_parser(body, services.config, services.tokenizer, prompt_ids),
     )
-    if conversation.parent_id is not None or conversation.branched:
+    if conversation.parent_id is not None or conversation.branched or conversation.keys is not None:
         plan = replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
-                       branched=conversation.branched)
+                       branched=conversation.branched, conversation_keys=conversation.keys)
         # A child stores only its new messages; the parent chain holds the rest (DESIGN.md §5).
         request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
     end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
@@ -124,15 +125,18 @@ async def _complete(
     """Generate, record, and return the response object; 500 if it could not be recorded."""
     results = await generate(services.balancer, plan)
     response_json = chat_completion(plan, results, body, services.tokenizer)
-    await record_before_answer(services, completion_records(plan, results, request_json, response_json))
+    records = completion_records(plan, results, request_json, response_json)
+    await record_before_answer(services, records, plan.conversation_keys)
     count_generated(services, plan, results)
     return response_json
 
 
-async def record_before_answer(services: ProxyServices, records: list[CompletionRecord]) -> None:
+async def record_before_answer(
+    services: ProxyServices, records: list[CompletionRecord], keys: ConversationKeys | None = None
+) -> None:
     """Record the completions of a non-streaming answer; 500 (and no answer) if they cannot be."""
     try:
-        await services.recorder.record(records)
+        await services.recorder.record(records, keys)
     except Exception as exc:
         raise OpenAIError(
             500, "The completion could not be recorded, so it is not returned.", "server_error",

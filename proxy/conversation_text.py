@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 ToolCallKey = tuple[str, str]
 MessageKey = tuple[str, str, tuple[ToolCallKey, ...]]
+ConversationKeys = tuple[tuple[MessageKey, ...], str | None]
+"""The keys of the messages a call's record stores and its tools key, as the call computed them: the
+conversation index takes them instead of validating the recorded request again."""
 """(role, content text, ((function name, canonical arguments), ...))."""
 
 # Stand-ins that no real conversation contains: the suffix is read off a render that follows them.

@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from proxy.conversation_text import (
+    ConversationKeys,
     MessageKey,
     SuffixError,
     message_key,
@@ -92,11 +93,12 @@ class SessionTree:
     """Assistant messages clients sent that no completion of the session answered, even after a reload
     (few-shot examples, another model's turns): they never trigger a reload again."""
 
-    def add(self, record: CompletionRecord) -> bool:
-        """Learn a recorded completion. False if its parent is unknown (the tree is then incomplete)."""
+    def add(self, record: CompletionRecord, keys: ConversationKeys | None = None) -> bool:
+        """Learn a recorded completion (`keys`: its messages' keys, if the call has them). False if its
+        parent is unknown (the tree is then incomplete)."""
         if record.id in self.nodes:
             return True
-        parsed = chat_record(record)
+        parsed = chat_record(record, keys)
         if parsed is None:
             return True  # not a chat completion: nothing to match against
         new_keys, tools, answer = parsed
@@ -177,17 +179,22 @@ class SessionTree:
         return None
 
 
-def chat_record(record: CompletionRecord) -> tuple[list[MessageKey], str | None, MessageKey] | None:
-    """The new message keys, tools key and answer key of a chat completion record; None otherwise."""
+def chat_record(
+    record: CompletionRecord, keys: ConversationKeys | None = None
+) -> tuple[list[MessageKey], str | None, MessageKey] | None:
+    """The new message keys, tools key and answer key of a chat completion record (the message and
+    tools keys taken from `keys` when the call passed them on); None if it is no chat completion."""
     if record.response_json.get("object") == "response":  # a Responses API call (its own record shape)
         return responses_record_keys(record)
     try:
-        request = ChatCompletionRequest.model_validate(record.request_json)
         message = record.response_json["choices"][0]["message"]
+        if keys is not None:
+            return list(keys[0]), keys[1], message_key(message)
+        request = ChatCompletionRequest.model_validate(record.request_json)
     except (ValidationError, KeyError, IndexError, TypeError):
         return None
-    keys = [message_key(m) for m in request.template_messages()]
-    return keys, tools_key(request.template_tools()), message_key(message)
+    new_keys = [message_key(m) for m in request.template_messages()]
+    return new_keys, tools_key(request.template_tools()), message_key(message)
 
 
 class ConversationIndex:
@@ -217,11 +224,12 @@ class ConversationIndex:
             self._trees.popitem(last=False)
         return tree, True
 
-    def learn(self, records: Sequence[CompletionRecord]) -> None:
-        """Add recorded completions to the trees of sessions held in memory (others load when asked)."""
+    def learn(self, records: Sequence[CompletionRecord], keys: ConversationKeys | None = None) -> None:
+        """Add recorded completions (of one call, if `keys` are given) to the trees of sessions held in
+        memory (others load when asked)."""
         for record in records:
             tree = self._trees.get(record.session_id)
-            if tree is not None and not tree.add(record):
+            if tree is not None and not tree.add(record, keys):
                 del self._trees[record.session_id]  # incomplete: rebuild from the database next time
 
 
@@ -234,9 +242,10 @@ class IndexingRecorder(Recorder):
         super().__init__(session_factory, batch_max, metrics)
         self.index = index
 
-    async def record(self, records: Sequence[CompletionRecord]) -> None:
+    async def record(self, records: Sequence[CompletionRecord], keys: ConversationKeys | None = None) -> None:
+        """Record, then index; `keys` (the call's conversation keys) spare parsing the request again."""
         await super().record(records)
-        self.index.learn(records)
+        self.index.learn(records, keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +257,7 @@ class ConversationPrompt:
     prefix_len: int = 0  # leading prompt tokens that are the parent's prompt + output
     new_from: int = 0  # index of the first message not already in the parent's history
     branched: bool = False
+    keys: ConversationKeys | None = None  # of messages[new_from:], for the record's indexing
 
 
 async def conversation_prompt(
@@ -284,10 +294,11 @@ async def conversation_prompt(
                 metrics.conversation_drift.inc()
                 logger.debug("session %s: chained prompt differs from a fresh render", session_id)
             metrics.conversation_turns.labels("chained").inc()
-            return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False)
+            return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False,
+                                      (tuple(keys[len(parent.path):]), tools_id))
     prompt = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
     branched = parent is None and tree.is_branch(tools_id, keys)
     metrics.conversation_turns.labels("branched" if branched else "root").inc()
     if branched:
         logger.info("session %s: history changed; a new branch starts", session_id)
-    return ConversationPrompt(prompt, branched=branched)
+    return ConversationPrompt(prompt, branched=branched, keys=(tuple(keys), tools_id))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from proxy.balancer import Balancer, Worker
+from proxy.conversation_text import ConversationKeys
 from proxy.errors import OpenAIError
 from proxy.parsers import OutputParser
 from proxy.tokenize import ChatTokenizer
@@ -54,6 +55,8 @@ class GenerationPlan:
     """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
     branched: bool = False
     """The client changed its session's history, so this call starts a new branch."""
+    conversation_keys: ConversationKeys | None = None
+    """The recorded messages' keys for the session's conversation index (None: parsed from the record)."""
 
     @property
     def n(self) -> int:

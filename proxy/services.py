@@ -20,7 +20,6 @@ from proxy.balancer import Balancer
 from proxy.config import ProxyConfig
 from proxy.conversations import ConversationIndex, IndexingRecorder
 from proxy.metrics import ProxyMetrics
-from proxy.recorder import Recorder
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
 from rewards.finalizer import SessionFinalizer
 from serving.client import WorkerPool
@@ -43,7 +42,7 @@ class ProxyServices:
     serving_config: ServingConfig
     engine: AsyncEngine
     session_factory: SessionFactory
-    recorder: Recorder
+    recorder: IndexingRecorder
     tokenizer: ChatTokenizer
     pool: WorkerPool
     balancer: Balancer

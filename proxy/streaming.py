@@ -229,7 +229,7 @@ class GenerationStream:
         response = self._response(results)
         records = completion_records(self.plan, results, self.request_json, response, self._first_index)
         try:
-            await self.services.recorder.record(records)
+            await self.services.recorder.record(records, self.plan.conversation_keys)
         except Exception as exc:
             self._fail(OpenAIError(500, "The completion could not be recorded.", "server_error",
                                    code="record_failed"), exc)
