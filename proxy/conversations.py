@@ -204,9 +204,15 @@ class ConversationIndex:
         self._session_factory = session_factory
         self._max_sessions = max_sessions
         self._trees: OrderedDict[str, SessionTree] = OrderedDict()
+        self._chained = 0
 
     def __len__(self) -> int:
         return len(self._trees)
+
+    def drift_check_due(self, every: int) -> bool:
+        """Whether this chained turn is one of the one-in-`every` compared with a fresh render."""
+        self._chained += 1
+        return every > 0 and self._chained % every == 0
 
     async def tree(self, session_id: str, *, reload: bool = False) -> tuple[SessionTree, bool]:
         """The session's tree and whether it was (re)loaded from the database just now."""
@@ -289,10 +295,9 @@ async def conversation_prompt(
         else:
             prefix = parent.full_ids()
             prompt = [*prefix, *suffix]
-            scratch = await services.tokenizer.render_async(messages, tools, config.tokenize_in_thread_chars)
-            if scratch != prompt:  # expected with history-rewriting templates; drift otherwise
-                metrics.conversation_drift.inc()
-                logger.debug("session %s: chained prompt differs from a fresh render", session_id)
+            if services.conversations.drift_check_due(config.drift_check_every):
+                services.spawn(_check_drift(services, session_id, list(messages), tools, prompt),
+                               name=f"drift-check-{session_id}")
             metrics.conversation_turns.labels("chained").inc()
             return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False,
                                       (tuple(keys[len(parent.path):]), tools_id))
@@ -302,3 +307,21 @@ async def conversation_prompt(
     if branched:
         logger.info("session %s: history changed; a new branch starts", session_id)
     return ConversationPrompt(prompt, branched=branched, keys=(tuple(keys), tools_id))
+
+
+async def _check_drift(
+    services: ProxyServices, session_id: str, messages: list[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None, prompt: list[int],
+) -> None:
+    """Count a chained prompt that differs from a fresh render of the same messages: expected with
+    history-rewriting templates, drift otherwise."""
+    try:
+        scratch = await services.tokenizer.render_async(
+            messages, tools, services.config.tokenize_in_thread_chars
+        )
+    except Exception as exc:  # a task boundary: the answer does not depend on this check
+        logger.warning("session %s: drift check failed: %s", session_id, exc)
+        return
+    if scratch != prompt:
+        services.metrics.conversation_drift.inc()
+        logger.debug("session %s: chained prompt differs from a fresh render", session_id)
