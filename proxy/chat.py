@@ -32,7 +32,7 @@ from proxy.responses import chat_completion, completion_records
 from proxy.schemas import ChatCompletionRequest
 from proxy.services import ProxyServices
 from proxy.sse_response import EventStreamResponse
-from proxy.streaming import ChatStream
+from proxy.streaming import DONE, ChatStream
 from proxy.tokenize import ChatTokenizer
 from storage.queries import create_session, end_session, hash_api_key
 from storage.records import CompletionRecord, SessionRecord
@@ -74,7 +74,9 @@ async def create_chat_completion(request: Request) -> Response:
                 await end_call_session()
             raise
         chat_stream = ChatStream(services, plan, body, request_json, worker, stream, first, end_call_session)
-        return EventStreamResponse(chat_stream.events(), chat_stream.stop_reading, {**SSE_HEADERS, **headers})
+        return EventStreamResponse(
+            chat_stream.events(), chat_stream.stop_reading, {**SSE_HEADERS, **headers}, last_event=DONE
+        )
     return await answer_json(_complete(services, plan, body, request_json), end_call_session, headers)
 
 

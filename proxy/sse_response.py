@@ -11,21 +11,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+logger = logging.getLogger(__name__)
+
 
 class EventStreamResponse(StreamingResponse):
-    """`text/event-stream` from `content`; `on_disconnect` is called once if the client leaves first."""
+    """`text/event-stream` from `content`; `on_disconnect` is called once if the client leaves first.
+    A piece of `content` ending with `last_event` (`data: [DONE]`) is sent as the end of the response,
+    in the same write as the chunked encoding's terminator rather than one more write after it."""
 
     def __init__(
         self, content: AsyncIterator[bytes], on_disconnect: Callable[[], None],
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, last_event: bytes | None = None,
     ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=headers)
         self._on_disconnect = on_disconnect
+        self._last_event = last_event
+        self._pieces = content
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for piece in self._pieces:
+            if ended:
+                logger.warning("an event after the stream's last one was dropped: %r", piece[:80])
+                continue
+            ended = self._last_event is not None and piece.endswith(self._last_event)
+            await send({"type": "http.response.body", "body": piece, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
