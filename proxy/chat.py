@@ -52,8 +52,9 @@ async def create_chat_completion(request: Request) -> Response:
     principal = await require_principal(request)
     services: ProxyServices = request.app.state.services
     body = validated_body(request_json, ChatCompletionRequest)
-    session_id = await call_session_id(services, principal, body.template_messages(), body.template_tools())
-    conversation = await chat_prompt(services, principal, session_id, body)
+    messages, tools = body.template_messages(), body.template_tools()  # once: both steps read them
+    session_id = await call_session_id(services, principal, messages, tools)
+    conversation = await chat_prompt(services, principal, session_id, body, (messages, tools))
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
@@ -95,11 +96,13 @@ async def call_session_id(
 
 
 async def chat_prompt(
-    services: ProxyServices, principal: Principal, session_id: str, body: ChatCompletionRequest
+    services: ProxyServices, principal: Principal, session_id: str, body: ChatCompletionRequest,
+    template: tuple[list[dict[str, Any]], list[dict[str, Any]] | None] | None = None,
 ) -> ConversationPrompt:
     """The prompt of a chat call: chained in its session's conversation tree; an admin call's one-off
-    session has no history, so it is rendered as it is."""
-    messages, tools = body.template_messages(), body.template_tools()
+    session has no history, so it is rendered as it is. `template`: the body's template messages and
+    tools, if the caller has them already."""
+    messages, tools = template if template is not None else (body.template_messages(), body.template_tools())
     if not principal.is_admin:
         return await conversation_prompt(services, session_id, messages, tools)
     ids = await services.tokenizer.render_async(messages, tools, services.config.tokenize_in_thread_chars)

@@ -4,7 +4,7 @@ per-choice results (tokens, logprobs, per-token policy versions)."""
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -112,7 +112,9 @@ class SamplingRequest(Protocol):
 
 def new_completion_ids(n: int, prefix: str = "chatcmpl") -> tuple[str, ...]:
     """`<prefix>-<hex>` for choice 0 (the response's id); `<that>-<i>` for the others."""
-    base = f"{prefix}-{secrets.token_hex(12)}"
+    # Ids must be unique, not unguessable (a session's key guards its completions): 96 bits of the
+    # urandom-seeded PRNG (reseeded on fork) instead of an os.urandom syscall per request.
+    base = f"{prefix}-{random.getrandbits(96):024x}"
     return (base, *(f"{base}-{i}" for i in range(1, n)))
 
 
