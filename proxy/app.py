@@ -43,7 +43,11 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
             async with health_checks(services.balancer, proxy.health_check_interval_s):
                 yield
 
-    app = FastAPI(title="Flywheel proxy", version="0.1.0", lifespan=lifespan)
+    telemetry = proxy.otel_telemetry
+    app = FastAPI(
+        title="Flywheel proxy", version="0.1.0", lifespan=lifespan,
+        telemetry={"tracing": telemetry, "metrics": telemetry, "logs": telemetry},
+    )
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
     app.include_router(build_openai_router())

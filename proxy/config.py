@@ -73,6 +73,10 @@ class ProxyConfig(BaseModel):
     stalling every request in flight for tens of milliseconds."""
     log_requests: bool = False
     """Log one line per request (method, path, status, latency, request id)."""
+    otel_telemetry: bool = False
+    """FastAPI's OpenTelemetry spans, metrics and logs per request (exported only where OTel providers
+    are configured). Off by default: the proxy has its own Prometheus metrics, and even unexported,
+    FastAPI asks the environment for OTel providers on every request (~3% of a request's CPU)."""
     finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)
     """The session finalizer the proxy runs: turn discount, missing rewards, session TTL, sweeps."""
 
