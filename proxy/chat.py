@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, require_principal
+from proxy.balancer import Worker
 from proxy.config import ProxyConfig
 from proxy.conversation_text import ConversationKeys
 from proxy.conversations import ConversationPrompt, conversation_prompt
@@ -54,7 +55,7 @@ async def create_chat_completion(request: Request) -> Response:
     body = validated_body(request_json, ChatCompletionRequest)
     messages, tools = body.template_messages(), body.template_tools()  # once: both steps read them
     session_id = await call_session_id(services, principal, messages, tools)
-    conversation = await chat_prompt(services, principal, session_id, body, (messages, tools))
+    conversation = await chat_prompt(services, principal, session_id, messages, tools)
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
@@ -68,12 +69,7 @@ async def create_chat_completion(request: Request) -> Response:
     end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
-        try:
-            worker, stream, first = await open_stream(services.balancer, plan)
-        except OpenAIError:
-            if end_call_session is not None:
-                await end_call_session()
-            raise
+        worker, stream, first = await open_call_stream(services, plan, end_call_session)
         chat_stream = ChatStream(services, plan, body, request_json, worker, stream, first, end_call_session)
         return EventStreamResponse(
             chat_stream.events(), chat_stream.stop_reading, {**SSE_HEADERS, **headers}, last_event=DONE
@@ -96,17 +92,27 @@ async def call_session_id(
 
 
 async def chat_prompt(
-    services: ProxyServices, principal: Principal, session_id: str, body: ChatCompletionRequest,
-    template: tuple[list[dict[str, Any]], list[dict[str, Any]] | None] | None = None,
+    services: ProxyServices, principal: Principal, session_id: str, messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
 ) -> ConversationPrompt:
-    """The prompt of a chat call: chained in its session's conversation tree; an admin call's one-off
-    session has no history, so it is rendered as it is. `template`: the body's template messages and
-    tools, if the caller has them already."""
-    messages, tools = template if template is not None else (body.template_messages(), body.template_tools())
+    """The prompt of a chat call's template messages and tools: chained in its session's conversation
+    tree; an admin call's one-off session has no history, so it is rendered as it is."""
     if not principal.is_admin:
         return await conversation_prompt(services, session_id, messages, tools)
     ids = await services.tokenizer.render_async(messages, tools, services.config.tokenize_in_thread_chars)
     return ConversationPrompt(ids)
+
+
+async def open_call_stream(
+    services: ProxyServices, plan: GenerationPlan, end_call_session: Callable[[], Awaitable[None]] | None
+) -> tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]:
+    """`open_stream`; an admin call's one-off session is ended if no stream could be opened."""
+    try:
+        return await open_stream(services.balancer, plan)
+    except OpenAIError:
+        if end_call_session is not None:
+            await end_call_session()
+        raise
 
 
 async def answer_json(

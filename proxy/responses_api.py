@@ -31,12 +31,13 @@ from proxy.chat import (
     chat_prompt,
     count_generated,
     open_call_session,
+    open_call_stream,
     output_parser,
     parse_request_json,
     record_before_answer,
 )
 from proxy.errors import OpenAIError
-from proxy.generation import GenerationPlan, generate, open_stream, plan_generation
+from proxy.generation import GenerationPlan, generate, plan_generation
 from proxy.responses import completion_records
 from proxy.responses_api_input import ResponsesRequest, chat_request
 from proxy.responses_api_output import RESPONSE_PREFIX, complete_response, new_response_id
@@ -59,8 +60,9 @@ async def create_response(
     request_json = parse_request_json(await request.body())
     history = await previous_items(services, principal, body.previous_response_id)
     chat = chat_request(body, history, request_json)
-    session_id = await call_session_id(services, principal, chat.template_messages(), chat.template_tools())
-    conversation = await chat_prompt(services, principal, session_id, chat)
+    messages, tools = chat.template_messages(), chat.template_tools()  # once: several steps read them
+    session_id = await call_session_id(services, principal, messages, tools)
+    conversation = await chat_prompt(services, principal, session_id, messages, tools)
     prompt_ids = conversation.prompt_ids
     plan = plan_generation(
         chat, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
@@ -71,19 +73,13 @@ async def create_response(
                    branched=conversation.branched)
     # The request as sent (for GET and previous_response_id), and for the conversation tree the chat
     # messages this call adds to its parent's history.
-    new_messages = chat.template_messages()[conversation.new_from:]
-    request_json = {**request_json, CHAT_VIEW: chat_view(new_messages, chat.template_tools())}
+    request_json = {**request_json, CHAT_VIEW: chat_view(messages[conversation.new_from:], tools)}
     end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
     headers = {SESSION_HEADER: session_id}
     if not body.streaming:
         complete = _complete(services, plan, body, chat, request_json)
         return await answer_json(complete, end_call_session, headers)
-    try:
-        worker, stream, first = await open_stream(services.balancer, plan)
-    except OpenAIError:
-        if end_call_session is not None:
-            await end_call_session()
-        raise
+    worker, stream, first = await open_call_stream(services, plan, end_call_session)
     responses_stream = ResponsesStream(
         services, plan, body, chat, request_json, worker, stream, first, end_call_session
     )
