@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,12 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     LoopThread,
     Proxy,
     ProxyFactory,
+    install_script,
     proxies_fixture,
     servers_fixture,
+    worker_fixture,
 )
 from tests.integration.test_proxy_tools import assemble_stream
-from tests.support import scripted_worker
 from tests.support.recorded import assert_token_exact, output_text
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
@@ -66,16 +66,7 @@ def tool_result(call_id: str, city: str) -> dict[str, Any]:
 
 @pytest.fixture(name="script")
 def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    script = TextScript(tiny_model_dir, reply)
-    monkeypatch.setattr(scripted_worker, "token_text", script.text)
-    return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
+    return install_script(tiny_model_dir, reply, monkeypatch)
 
 
 @pytest.fixture(name="proxy")

@@ -27,7 +27,9 @@ from storage.models import Completion, Session
 from storage.queries import create_session, hash_api_key
 from storage.records import SessionRecord
 from tests.integration.conftest import run_outside_loop
+from tests.support import scripted_worker
 from tests.support.scripted_worker import ScriptedWorker
+from tests.support.text_script import TextScript
 
 T = TypeVar("T")
 
@@ -159,6 +161,24 @@ def servers_fixture() -> Iterator[LoopThread]:
 @pytest.fixture(name="scripted")
 def scripted_fixture(servers: LoopThread) -> Iterator[ScriptedWorker]:
     worker = servers.start_scripted()
+    yield worker
+    servers.call(worker.stop())
+
+
+def install_script(
+    model_dir: Path, reply: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> TextScript:
+    """A scripted worker that writes `reply(prompt text)` in the tokens of the model in `model_dir`
+    (pass the script to `start_scripted` as its token function, as the `worker` fixture does)."""
+    script = TextScript(model_dir, reply)
+    monkeypatch.setattr(scripted_worker, "token_text", script.text)
+    return script
+
+
+@pytest.fixture(name="worker")
+def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
+    """A scripted worker speaking the module's `script` fixture (made with `install_script`)."""
+    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
     yield worker
     servers.call(worker.stop())
 

@@ -6,7 +6,6 @@ prompt ids are the chat template's rendering of the request's items, its output 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,13 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     LoopThread,
     Proxy,
     ProxyFactory,
+    install_script,
     new_session_key,
     proxies_fixture,
     run_db,
     servers_fixture,
+    worker_fixture,
 )
-from tests.support import scripted_worker
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -64,16 +64,7 @@ def reply(prompt: str) -> str:
 
 @pytest.fixture(name="script")
 def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    script = TextScript(tiny_model_dir, reply)
-    monkeypatch.setattr(scripted_worker, "token_text", script.text)
-    return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
+    return install_script(tiny_model_dir, reply, monkeypatch)
 
 
 @pytest.fixture(name="proxy")

@@ -6,7 +6,7 @@ completion keeps the exact generated tokens, markup included."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,10 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     LoopThread,
     Proxy,
     ProxyFactory,
+    install_script,
     proxies_fixture,
     servers_fixture,
+    worker_fixture,
 )
 from tests.support import scripted_worker
 from tests.support.scripted_worker import ScriptedWorker
@@ -46,16 +48,7 @@ def tool_agent_reply(prompt: str) -> str:
 
 @pytest.fixture(name="script")
 def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    script = TextScript(tiny_model_dir, tool_agent_reply)
-    monkeypatch.setattr(scripted_worker, "token_text", script.text)
-    return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
+    return install_script(tiny_model_dir, tool_agent_reply, monkeypatch)
 
 
 @pytest.fixture(name="proxy")
