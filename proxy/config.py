@@ -63,10 +63,12 @@ class ProxyConfig(BaseModel):
     """How reasoning is split from the answer into `reasoning_content` (SGLang's `--reasoning-parser`):
     `qwen3` (`<think>…</think>` when the output or the prompt's end opens it) or `deepseek-r1` (the
     output always starts inside reasoning, up to `</think>`). None leaves the text whole."""
-    drift_check_every: int = Field(1, ge=0)
+    drift_check_every: int = Field(16, ge=0)
     """Compare one chained conversation turn in this many with a fresh render of its messages (the
-    `flywheel_proxy_conversation_drift` metric); 0 never does. The check runs in the background beside
-    the generation, off the answer's path, but costs a full render of the conversation."""
+    `flywheel_proxy_conversation_drift` metric); 1 checks every turn, 0 never. The check runs in the
+    background beside the generation, off the answer's path, but costs a full render of the whole
+    conversation: checking every turn would make a T-turn session cost O(T²) tokenizer work again, the
+    cost chaining exists to avoid. A sample is enough for a diagnostic."""
     gc_freeze: bool = True
     """Once started, exempt everything allocated so far (tokenizer, libraries) from Python's cyclic
     garbage collector (`gc.freeze`): full collections then walk only what requests allocate, instead of

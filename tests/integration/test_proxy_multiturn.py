@@ -27,12 +27,13 @@ from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixtur
     LoopThread,
     Proxy,
     ProxyFactory,
+    install_script,
     proxies_fixture,
     run_db,
     servers_fixture,
+    worker_fixture,
 )
 from tests.integration.test_proxy_tools import assemble_stream
-from tests.support import scripted_worker
 from tests.support.qwen3_template import QWEN3_STYLE_TEMPLATE
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
@@ -87,16 +88,7 @@ def model_dir_fixture(thinking: bool, tiny_model_dir: Path, qwen3_model_dir: Pat
 
 @pytest.fixture(name="script")
 def script_fixture(model_dir: Path, thinking: bool, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    script = TextScript(model_dir, agent_reply(thinking))
-    monkeypatch.setattr(scripted_worker, "token_text", script.text)
-    return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
+    return install_script(model_dir, agent_reply(thinking), monkeypatch)
 
 
 @pytest.fixture(name="proxy")
@@ -104,7 +96,7 @@ def proxy_fixture(db_url: str, model_dir: Path, worker: ScriptedWorker, thinking
     factory = ProxyFactory(db_url, model_dir)
     with factory.stack:
         yield factory.start([worker.url], reasoning_parser="qwen3" if thinking else None,
-                            health_check_interval_s=0)
+                            health_check_interval_s=0, drift_check_every=1)
 
 
 def turn(proxy: Proxy, messages: list[dict[str, Any]], stream: bool, key: str | None = None,
