@@ -1,10 +1,12 @@
 """The proxy's completion writes, done the cheapest way each database allows (the recorder's hot path).
 
 - SQLite: aiosqlite hops to its thread and back for every statement (BEGIN, INSERT, COMMIT, the pool's
-  reset...), about eight event-loop wake-ups per transaction. `SqliteThreadWriter` runs the whole
-  transaction in one call on a dedicated thread with the synchronous driver, on its own connection to the
-  same file with the same pragmas: measured 0.5-0.8 ms per one-row transaction against 1.4-2.2 ms through
-  aiosqlite on these 2-core machines. Waiting on a lock (busy_timeout) blocks that thread, never the loop.
+  reset...), about eight event-loop wake-ups per transaction, and a SQLAlchemy Core execute costs more
+  than the one-row insert itself. `SqliteThreadWriter` runs the whole transaction in one call on a
+  dedicated thread with the sqlite3 driver, on its own connection to the same file with the same
+  pragmas, and executes one INSERT written once (`SqliteInsert`) with each column's own SQLAlchemy bind
+  processor applied, so rows are stored exactly as SQLAlchemy would store them. Waiting on a lock
+  (busy_timeout) blocks that thread, never the loop.
 - Postgres (asyncpg is natively async): a Core executemany on a connection, without an ORM session.
 
 Either way a write returns only once its transaction has committed.
@@ -13,13 +15,14 @@ Either way a write returns only once its transaction has committed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, event, insert, make_url
+from sqlalchemy import Dialect, Engine, Table, event, insert, make_url
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
 from storage.engine import SQLITE_DRIVER, SessionFactory
 from storage.models import Completion
@@ -62,37 +65,90 @@ class CoreWriter:
         return None
 
 
+class SqliteInsert:
+    """The completions INSERT for the sqlite3 driver, written once: its SQL, and per row the parameter
+    tuple SQLAlchemy would bind (each column's bind processor applied, Python-side defaults filled in)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        table = cast(Table, Completion.__table__)
+        self.columns = [column.key for column in table.columns]
+        self.sql = (
+            f"INSERT INTO {table.name} ({', '.join(column.name for column in table.columns)}) "
+            f"VALUES ({', '.join('?' for _ in table.columns)})"
+        )
+        self._processors = [
+            column.type.dialect_impl(dialect).bind_processor(dialect) for column in table.columns
+        ]
+        self._defaults: dict[str, Callable[[], Any]] = {}
+        for column in table.columns:
+            default = column.default
+            if isinstance(default, ScalarElementColumnDefault | CallableColumnDefault):
+                self._defaults[column.key] = _default_factory(default)
+
+    def values(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        values = []
+        for key, process in zip(self.columns, self._processors, strict=True):
+            value = row[key] if key in row else self._default(key)
+            values.append(process(value) if process is not None and value is not None else value)
+        return tuple(values)
+
+    def _default(self, key: str) -> Any:
+        factory = self._defaults.get(key)
+        if factory is None:
+            raise ValueError(f"completion row has no value for {key!r} and the column has no default")
+        return factory()
+
+
+def _default_factory(default: ScalarElementColumnDefault | CallableColumnDefault) -> Callable[[], Any]:
+    if isinstance(default, CallableColumnDefault):
+        function = cast(Callable[[Any], Any], default.arg)
+        return lambda: function(None)  # SQLAlchemy wraps a no-argument default to take a context
+    value = default.arg
+    return lambda: value
+
+
 class SqliteThreadWriter:
-    """Whole transactions on one dedicated thread with the synchronous sqlite3 driver. The thread and its
-    connection are made on first use, with the pragmas the async engine's connections have."""
+    """Whole transactions on one dedicated thread with the sqlite3 driver. The thread and its connection
+    are made on first use, with the pragmas the async engine's connections have."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._async_engine = engine
         self._engine: Engine | None = None
+        self._insert_sql: SqliteInsert | None = None
         self._thread: ThreadPoolExecutor | None = None
         # Used only on the writer thread: kept open between transactions, as checking a connection out
         # of the pool and resetting it on return cost more than the one-row insert itself.
-        self._connection: Connection | None = None
+        self._connection: Any = None
 
     async def write(self, records: Sequence[CompletionRecord]) -> None:
-        rows = [_completion_row(record) for record in records]
-        if not rows:
+        if not records:
             return
-        if self._engine is None or self._thread is None:
+        if self._engine is None or self._thread is None or self._insert_sql is None:
             self._engine = await self._twin_engine()
+            self._insert_sql = SqliteInsert(self._engine.dialect)
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sqlite-writer")
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, self._engine, rows)
+        statement = self._insert_sql
+        rows = [statement.values(_completion_row(record)) for record in records]
+        await asyncio.get_running_loop().run_in_executor(
+            self._thread, self._insert, self._engine, statement.sql, rows
+        )
 
-    def _insert(self, engine: Engine, rows: list[dict[str, Any]]) -> None:
-        connection = self._connection if self._connection is not None else engine.connect()
-        self._connection = None
+    def _insert(self, engine: Engine, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if self._connection is None:
+            self._connection = engine.raw_connection()  # the pool's connection: its connect hook ran
+        driver = self._connection.driver_connection
         try:
-            with connection.begin():
-                connection.execute(_INSERT, rows)
+            driver.execute("BEGIN IMMEDIATE")  # take the write lock up front (isolation_level is None)
+            driver.executemany(sql, rows)
+            driver.execute("COMMIT")
         except BaseException:
-            connection.close()  # a failed transaction: the next one starts on a fresh connection
+            connection, self._connection = self._connection, None
+            try:
+                if driver.in_transaction:
+                    driver.execute("ROLLBACK")
+            finally:
+                connection.invalidate()  # the next transaction starts on a fresh connection
             raise
-        self._connection = connection
 
     def _dispose(self, engine: Engine) -> None:
         if self._connection is not None:
@@ -117,14 +173,9 @@ class SqliteThreadWriter:
         engine = create_sync_engine(url, pool_size=2, max_overflow=0)
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None  # BEGIN is ours (below), as in storage/engine.py
+            dbapi_connection.isolation_level = None  # BEGIN is ours, as in storage/engine.py
             for name, value in pragmas.items():
                 dbapi_connection.execute(f"PRAGMA {name} = {int(value)}")
 
-        def on_begin(connection: Any) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock up front
-
         event.listen(engine, "connect", on_connect)
-        event.listen(engine, "begin", on_begin)
         return engine
-

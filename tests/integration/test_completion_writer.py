@@ -5,15 +5,18 @@ on its thread while the event loop goes on."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from dataclasses import replace
 
 import numpy as np
+import pytest
 from sqlalchemy import select, text
 
 from storage.config import StorageConfig
 from storage.engine import create_engine, create_sessionmaker, write_transaction
 from storage.migrate import upgrade
 from storage.models import Completion
-from storage.queries import create_session
+from storage.queries import create_session, record_completions
 from storage.records import CompletionRecord, SessionRecord
 from storage.writer import SqliteThreadWriter, completion_writer
 
@@ -80,3 +83,55 @@ def _pragmas(engine: object) -> dict[str, int]:
     with engine.connect() as connection:  # type: ignore[attr-defined]
         return {name: int(connection.execute(text(f"PRAGMA {name}")).scalar_one())
                 for name in ("busy_timeout", "synchronous", "foreign_keys")}
+
+
+async def test_sqlite_writer_stores_what_sqlalchemy_stores(tmp_path: object) -> None:
+    """The writer binds values itself (storage.writer.SqliteInsert): each column must hold the very bytes
+    and types SQLAlchemy's own INSERT of the same record stores."""
+    url = f"sqlite+aiosqlite:///{tmp_path}/same.db"
+    await asyncio.to_thread(upgrade, url)
+    engine = create_engine(StorageConfig(url=url))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    writer = completion_writer(factory)
+    base = completion("x")
+    record = replace(
+        base, prompt_ids=np.array([1, 2, 2**31 - 1], dtype=np.int64), output_logprobs=[-0.1, -np.inf],
+        branched=True, response_json={"nul": "a\u0000b", "float": 0.1, "none": None},
+    )
+    try:
+        await record_completions(factory, [replace(record, id="by-sqlalchemy")])
+        await writer.write([replace(record, id="by-writer")])
+        async with engine.connect() as connection:
+            rows = (await connection.exec_driver_sql(
+                "SELECT *, typeof(created_at) FROM completions ORDER BY id"
+            )).all()
+    finally:
+        await writer.close()
+        await engine.dispose()
+    by_sqlalchemy, by_writer = (dict(row._mapping) for row in rows)
+    created = (by_sqlalchemy.pop("created_at"), by_writer.pop("created_at"))
+    assert by_sqlalchemy.pop("id") == "by-sqlalchemy" and by_writer.pop("id") == "by-writer"
+    assert by_writer == by_sqlalchemy
+    assert len(created[0]) == len(created[1]) and created[1] >= created[0]  # same text format, in order
+
+
+async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/fail.db"
+    await asyncio.to_thread(upgrade, url)
+    engine = create_engine(StorageConfig(url=url))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    writer = completion_writer(factory)
+    try:
+        with pytest.raises(sqlite3.IntegrityError):  # no such session: a foreign key violation
+            bad = replace(completion("bad"), session_id="nope")
+            await writer.write([completion("ok-but-rolled-back"), bad])
+        with pytest.raises(ValueError, match="differ in length"):
+            await writer.write([replace(completion("short"), output_versions=[1])])
+        await writer.write([completion("after")])
+        async with factory() as db:
+            assert (await db.execute(select(Completion.id))).scalars().all() == ["after"]
+    finally:
+        await writer.close()
+        await engine.dispose()
