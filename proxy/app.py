@@ -19,7 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy.balancer import health_checks
 from proxy.config import ProxyConfig
 from proxy.errors import REQUEST_ID_HEADER, install_error_handlers
-from proxy.openai_routes import build_openai_router
+from proxy.hot_routes import HotRoute, ProxyApp
+from proxy.openai_routes import build_openai_router, hot_routes
 from proxy.probes import build_probe_router
 from proxy.rl_routes import build_rl_router
 from proxy.services import ProxyServices, build_services, get_services
@@ -32,7 +33,7 @@ _MAX_CLIENT_REQUEST_ID = 128
 _RL_PREFIX = "/rl/"
 
 
-def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> FastAPI:
+def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> ProxyApp:
     """The proxy app; its services (database, tokenizer, workers, recorder) start with the app."""
 
     @asynccontextmanager
@@ -44,12 +45,14 @@ def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: Servin
                 yield
 
     telemetry = proxy.otel_telemetry
-    app = FastAPI(
+    app = ProxyApp(
         title="Flywheel proxy", version="0.1.0", lifespan=lifespan,
         telemetry={"tracing": telemetry, "metrics": telemetry, "logs": telemetry},
     )
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
+    for path, endpoint in hot_routes().items():
+        app.add_hot_route(path, RequestContextMiddleware(HotRoute(path, endpoint), proxy.log_requests))
     app.include_router(build_openai_router())
     app.include_router(build_probe_router())
     app.include_router(build_rl_router())

@@ -90,6 +90,18 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
 
 
+async def error_answer(request: Request, exc: Exception) -> Response:
+    """What the handlers `install_error_handlers` installs answer for `exc`, for a route served outside
+    FastAPI's middleware (proxy/hot_routes.py)."""
+    if isinstance(exc, OpenAIError):
+        return await _openai_error(request, exc)
+    if isinstance(exc, RequestValidationError):
+        return await _validation_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await _http_error(request, exc)
+    return await _unexpected_error(request, exc)
+
+
 async def _openai_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, OpenAIError)
     return error_response(exc.status, exc.body(), request, exc.headers)

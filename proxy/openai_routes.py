@@ -3,46 +3,38 @@ AReaL offers, at the root) and the model list. Every route needs a key (`require
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
-from starlette.routing import Route, request_response
-from starlette.types import Receive, Scope, Send
+from fastapi import APIRouter, Depends
 
 from proxy.auth import Principal, require_principal
 from proxy.chat import create_chat_completion
 from proxy.completions import create_completion
 from proxy.errors import OpenAIError
+from proxy.hot_routes import Endpoint
 from proxy.responses_api import create_response, retrieve_response
 from proxy.services import ProxyServices, get_services
 
 OWNER = "flywheel"
 
 
-class RawRoute:
-    """The ASGI app of a plain route to `endpoint(request) -> Response`, with Starlette's exception
-    handling (so OpenAIError answers as on any route). It names itself as the scope's route, which
-    FastAPI's router sets only for its own routes: the request metrics are labelled by its path."""
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 
-    def __init__(self, path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
-        self.path = path
-        self._app = request_response(endpoint)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope["route"] = self
-        await self._app(scope, receive, send)
+def hot_routes() -> dict[str, Endpoint]:
+    """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): chat completions, whose
+    handler takes the raw request (proxy/request_body.py)."""
+    return dict.fromkeys(CHAT_PATHS, create_chat_completion)
 
 
 def build_openai_router() -> APIRouter:
     router = APIRouter()
-    for path in ("/v1/chat/completions", "/chat/completions"):
-        # A plain Starlette route: the handler takes the raw request (proxy/request_body.py), so FastAPI's
-        # per-request dependency solving and sub-response (~5% of a request's CPU) buy nothing here.
-        endpoint = RawRoute(path, create_chat_completion)
-        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
-    # Never matched (the route above answers first): keeps the path in the OpenAPI schema.
-    router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+    for path in CHAT_PATHS:
+        # POSTs never reach these (ProxyApp answers them first: hot_routes); they keep the path in the
+        # OpenAPI schema and answer other methods 405, as any route does.
+        router.add_api_route(
+            path, create_chat_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
+        )
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(
             path, create_completion, methods=["POST"], include_in_schema=path.startswith("/v1")

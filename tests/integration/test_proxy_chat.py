@@ -353,8 +353,13 @@ def test_root_chat_route_models_and_metrics(proxy: Proxy) -> None:
     assert missing.value.code == "model_not_found"
     unknown = httpx.post(f"{proxy.v1}/nothing-here", headers=headers, timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["message"].startswith("Invalid URL")
+    # POSTs to the chat paths skip FastAPI's stack (proxy/hot_routes.py); other methods still get its 405.
+    wrong_method = httpx.get(f"{proxy.v1}/chat/completions", headers=headers, timeout=10)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
+    assert wrong_method.headers["x-request-id"]
     metrics = httpx.get(f"{proxy.base_url}/metrics", timeout=10).text
     assert 'flywheel_proxy_requests_total{route="/chat/completions",status="200"} 1.0' in metrics
+    assert 'flywheel_proxy_requests_total{route="/v1/chat/completions",status="405"} 1.0' in metrics
     assert "flywheel_proxy_record_batch_size_count 1.0" in metrics
     assert 'flywheel_proxy_tokens_total{kind="completion"} 2.0' in metrics
 
