@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,27 @@ MaskLike = Sequence[bool] | Sequence[int] | npt.NDArray[np.bool_] | npt.NDArray[
 
 _INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
+_PYTHON_INT_TYPES = frozenset((int, bool))
+
+
+def _int32_bytes_of_python_ints(values: IntsLike) -> bytes | None:
+    """`<i4` bytes of a plain list/tuple of Python ints via struct: about a quarter of numpy's time for 12
+    ids (1.1 vs 3.6 us; numpy's min/max reductions dominate there), level past ~2,000. None wherever
+    numpy must decide, so that its results and errors stay the only ones: ndarrays and other inputs;
+    any element type but exact int or bool (struct also takes numpy scalars and anything with
+    __index__, which numpy promotes or rejects differently); an all-bool list (numpy: dtype bool,
+    TypeError; mixed with ints it is int64, as here); a value outside int32 (numpy: ValueError, or
+    TypeError where a huge int makes its dtype object)."""
+    if type(values) is not list and type(values) is not tuple:
+        return None
+    types = set(map(type, values))
+    if not types <= _PYTHON_INT_TYPES or types == {bool}:
+        return None
+    try:
+        return struct.pack(f"<{len(values)}i", *values)
+    except struct.error:
+        return None
+
 
 def _one_dimensional(values: object, name: str) -> np.ndarray:
     array = np.asarray(values)
@@ -32,6 +54,9 @@ def _one_dimensional(values: object, name: str) -> np.ndarray:
 
 def pack_int32(values: IntsLike) -> bytes:
     """Token ids or policy versions → `<i4` bytes. Values outside int32 are an error, never wrapped."""
+    packed = _int32_bytes_of_python_ints(values)
+    if packed is not None:
+        return packed
     array = _one_dimensional(values, "int32 array")
     if array.size == 0:
         return b""
@@ -50,6 +75,9 @@ def unpack_int32(buffer: bytes) -> IntArray:
 def pack_float32(values: FloatsLike) -> bytes:
     """Logprobs → `<f4` bytes. float32 input keeps its exact bits (NaN payloads, ±inf, -0.0);
     float64 input is rounded to the nearest float32, which is exact for values that were float32."""
+    # No stdlib fast path here, unlike pack_int32: this path has no min/max reductions, and numpy's
+    # discovery of a float list costs less than an exact-type check plus array('f') (measured: 9.1 vs
+    # 13.4 us for 300 floats; 1.35 vs 1.14 us for 12).
     array = _one_dimensional(values, "float32 array")
     if array.size == 0:
         return b""

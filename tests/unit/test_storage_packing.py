@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.packing import (
+    _int32_bytes_of_python_ints,
     pack_float32,
     pack_int32,
     pack_mask,
@@ -121,3 +122,148 @@ def test_column_types_pack_on_bind_and_unpack_on_read(dialect: object) -> None:
         assert isinstance(stored, bytes)
         assert check(column_type.process_result_value(memoryview(stored), dialect))  # type: ignore[arg-type]
         assert column_type.process_bind_param(None, dialect) is None  # type: ignore[arg-type]
+
+
+# --- plain Python lists: pack_int32's struct fast path must agree with the numpy path, bytes and errors ---
+
+F32 = np.finfo(np.float32)
+INT_EDGES = [0, 1, -1, 255, 256, -256, 2**15, -(2**15), 2**24 + 1, I32.max, I32.min, I32.max - 1, I32.min + 1]
+FLOAT_EDGES = [
+    0.0,
+    -0.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    -float("nan"),
+    float(F32.max),
+    float(F32.max) * (1 + 2**-25),  # rounds down to the largest float32
+    float(F32.max) * (1 + 2**-23),  # overflows to inf, as numpy's cast does
+    1e39,
+    -1e39,
+    2.0**-149,  # smallest float32 subnormal
+    2.0**-150,  # half of it: a tie, rounds to even (0.0)
+    3 * 2.0**-150,  # 1.5x the smallest subnormal: a tie, rounds to even (2x)
+    1e-46,
+    float(F32.tiny),
+    1.0 + 2**-24,  # halfway between two float32: rounds to even (1.0)
+    1.0 + 3 * 2**-24,  # halfway: rounds to even (1.0 + 2**-22)
+    0.1,
+    -17.25,
+]
+
+
+def _outcome(pack: object, values: object) -> tuple[str, object]:
+    """The bytes a packer returns, or the type and message of what it raises."""
+    try:
+        return ("bytes", pack(values))  # type: ignore[operator]
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+def _random_ints(rng: np.random.Generator) -> list[int]:
+    size = int(rng.choice([0, 1, 5, 12, 300, int(rng.integers(0, 600))]))
+    picks = rng.integers(0, 3, size=size)
+    values: list[int] = []
+    for pick in picks:
+        if pick == 0:
+            values.append(int(rng.choice(INT_EDGES)))
+        elif pick == 1:
+            values.append(int(rng.integers(0, 200_000)))
+        else:
+            values.append(int(rng.integers(I32.min, I32.max, endpoint=True)))
+    return values
+
+
+def _random_floats(rng: np.random.Generator) -> list[float]:
+    size = int(rng.choice([0, 1, 5, 12, 300, int(rng.integers(0, 600))]))
+    picks = rng.integers(0, 4, size=size)
+    bit_patterns = rng.integers(0, 2**64, size=size, dtype=np.uint64)
+    values: list[float] = []
+    for pick, bits in zip(picks, bit_patterns, strict=True):
+        if pick == 0:
+            values.append(float(rng.choice(FLOAT_EDGES)))
+        elif pick == 1:
+            values.append(float(rng.uniform(-30.0, 0.0)))  # a logprob
+        elif pick == 2:
+            values.append(float(np.uint64(bits).view(np.float64)))  # any float64, NaN payloads included
+        else:
+            scale = 2.0 ** int(rng.integers(-160, 140))  # float32 subnormals to float32 overflow
+            values.append(float(rng.uniform(-1, 1)) * scale)
+    return values
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_int32_plain_lists_take_the_fast_path_and_match_numpy(seed: int) -> None:
+    values = _random_ints(np.random.default_rng(seed))
+    reference = np.asarray(values).astype("<i4").tobytes() if values else b""
+    fast = _int32_bytes_of_python_ints(values)
+    assert fast is not None  # the comparison below would be vacuous if the fast path were skipped
+    assert fast == reference
+    as_array = np.asarray(values, dtype=np.int64)
+    assert pack_int32(values) == pack_int32(tuple(values)) == pack_int32(as_array) == reference
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_float32_plain_lists_match_numpy_rounding(seed: int) -> None:
+    values = _random_floats(np.random.default_rng(seed))
+    with np.errstate(over="ignore", invalid="ignore"):
+        reference = np.asarray(values).astype("<f4").tobytes() if values else b""
+        assert pack_float32(values) == pack_float32(tuple(values)) == reference
+
+
+def test_float32_edge_values_round_to_nearest_even() -> None:
+    with np.errstate(over="ignore"):
+        packed = dict(zip(FLOAT_EDGES[1:], unpack_float32(pack_float32(FLOAT_EDGES))[1:], strict=True))
+    assert packed[1e39] == np.inf and packed[-1e39] == -np.inf
+    assert packed[float(F32.max) * (1 + 2**-25)] == F32.max
+    assert packed[2.0**-150] == 0.0 and packed[3 * 2.0**-150] == 2.0**-148
+    assert packed[1.0 + 2**-24] == 1.0 and packed[1.0 + 3 * 2**-24] == 1.0 + 2**-22
+    assert np.signbit(unpack_float32(pack_float32([-0.0]))[0])
+
+
+class _Index:
+    """Not an int, but struct would take it through __index__; numpy sees an object."""
+
+    def __index__(self) -> int:
+        return 7
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([True, False], ("TypeError", "int32 array needs integers, got dtype bool")),
+        ((True,), ("TypeError", "int32 array needs integers, got dtype bool")),
+        ([1.0], ("TypeError", "int32 array needs integers, got dtype float64")),
+        ([1, 2.0], ("TypeError", "int32 array needs integers, got dtype float64")),
+        ([1, "2"], ("TypeError", "int32 array needs integers, got dtype <U21")),
+        ([_Index()], ("TypeError", "int32 array needs integers, got dtype object")),
+        ([np.uint64(1), -1], ("TypeError", "int32 array needs integers, got dtype float64")),
+        ([I32.max + 1], ("ValueError", "value outside the int32 range")),
+        ([5, I32.min - 1], ("ValueError", "value outside the int32 range")),
+        ([2**40], ("ValueError", "value outside the int32 range")),
+        ([2**64], ("TypeError", "int32 array needs integers, got dtype object")),
+        ([[1, 2], [3, 4]], ("ValueError", "int32 array must be one-dimensional, got shape (2, 2)")),
+        ([1, True], ("bytes", b"\x01\x00\x00\x00\x01\x00\x00\x00")),
+        ([np.int64(5), 6], ("bytes", b"\x05\x00\x00\x00\x06\x00\x00\x00")),
+        ([np.int8(-1)], ("bytes", b"\xff\xff\xff\xff")),
+    ],
+)
+def test_int32_lists_keep_the_numpy_path_results_and_errors(values: list[object], expected: object) -> None:
+    assert _outcome(pack_int32, values) == _outcome(pack_int32, np.asarray(values)) == expected
+    fast = _int32_bytes_of_python_ints(values)  # type: ignore[arg-type]
+    assert fast is None or ("bytes", fast) == expected  # every error is numpy's own
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([True, False], ("TypeError", "float32 array needs numbers, got dtype bool")),
+        (["0.5"], ("TypeError", "float32 array needs numbers, got dtype <U3")),
+        ([1, 2], ("bytes", b"\x00\x00\x80?\x00\x00\x00@")),
+        ([0.5, 2], ("bytes", b"\x00\x00\x00?\x00\x00\x00@")),
+        ([2**24 + 1], ("bytes", np.array([2**24 + 1], "<f4").tobytes())),
+        ([np.float32(0.1), 0.5], ("bytes", np.array([np.float32(0.1), 0.5], "<f4").tobytes())),
+    ],
+)
+def test_float32_list_contract(values: list[object], expected: object) -> None:
+    assert _outcome(pack_float32, values) == expected
