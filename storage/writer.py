@@ -15,9 +15,11 @@ Either way a write returns only once its transaction has committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import Dialect, Engine, Table, event, insert, make_url
 from sqlalchemy import create_engine as create_sync_engine
@@ -29,6 +31,7 @@ from storage.models import Completion
 from storage.queries import _completion_row
 from storage.records import CompletionRecord
 
+T = TypeVar("T")
 _PRAGMAS = ("busy_timeout", "synchronous", "foreign_keys")
 _INSERT = insert(cast(Table, Completion.__table__))
 
@@ -107,6 +110,51 @@ def _default_factory(default: ScalarElementColumnDefault | CallableColumnDefault
     return lambda: value
 
 
+class CallThread:
+    """One daemon thread that runs the calls given to `run`, in order. Awaiting one costs a queue put and
+    one event-loop wake-up when it is done: `run_in_executor` adds a concurrent.futures Future chained
+    to the asyncio one, the executor's locks and its idle-thread bookkeeping, about 4% of the proxy's
+    event-loop CPU at 16 clients."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, done, function, args))
+        return await done
+
+    def stop(self) -> None:
+        """End the thread once the calls already given have run."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            loop, done, function, args = call
+            try:
+                outcome: tuple[bool, Any] = (True, function(*args))
+            except BaseException as exc:  # handed to the awaiting task, which raises it
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+                loop.call_soon_threadsafe(_settle, done, outcome)
+
+
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _settle(done: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if done.cancelled():
+        return
+    succeeded, value = outcome
+    if succeeded:
+        done.set_result(value)
+    else:
+        done.set_exception(value)
+
+
 class SqliteThreadWriter:
     """Whole transactions on one dedicated thread with the sqlite3 driver. The thread and its connection
     are made on first use, with the pragmas the async engine's connections have."""
@@ -115,7 +163,7 @@ class SqliteThreadWriter:
         self._async_engine = engine
         self._engine: Engine | None = None
         self._insert_sql: SqliteInsert | None = None
-        self._thread: ThreadPoolExecutor | None = None
+        self._thread: CallThread | None = None
         # Used only on the writer thread: kept open between transactions, as checking a connection out
         # of the pool and resetting it on return cost more than the one-row insert itself.
         self._connection: Any = None
@@ -126,12 +174,10 @@ class SqliteThreadWriter:
         if self._engine is None or self._thread is None or self._insert_sql is None:
             self._engine = await self._twin_engine()
             self._insert_sql = SqliteInsert(self._engine.dialect)
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sqlite-writer")
+            self._thread = CallThread("flywheel-sqlite-writer")
         statement = self._insert_sql
         rows = [statement.values(_completion_row(record)) for record in records]
-        await asyncio.get_running_loop().run_in_executor(
-            self._thread, self._insert, self._engine, statement.sql, rows
-        )
+        await self._thread.run(self._insert, self._engine, statement.sql, rows)
 
     def _insert(self, engine: Engine, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if self._connection is None:
@@ -160,8 +206,8 @@ class SqliteThreadWriter:
         engine, thread = self._engine, self._thread
         self._engine = self._thread = None
         if engine is not None and thread is not None:
-            await asyncio.get_running_loop().run_in_executor(thread, self._dispose, engine)
-            thread.shutdown(wait=False)
+            await thread.run(self._dispose, engine)
+            thread.stop()
 
     async def _twin_engine(self) -> Engine:
         """A synchronous engine on the same file whose connections get the async ones' pragmas."""

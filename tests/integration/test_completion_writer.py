@@ -70,9 +70,9 @@ async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(t
         await write
         async with factory() as db:
             assert (await db.execute(select(Completion.id))).scalars().all() == ["late"]
-        twin = writer._engine
-        assert twin is not None
-        pragmas = await asyncio.get_running_loop().run_in_executor(writer._thread, _pragmas, twin)
+        twin, thread = writer._engine, writer._thread
+        assert twin is not None and thread is not None
+        pragmas = await thread.run(_pragmas, twin)
         assert pragmas == {"busy_timeout": 12345, "synchronous": 2, "foreign_keys": 1}
     finally:
         await writer.close()
