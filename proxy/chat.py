@@ -201,10 +201,3 @@ async def open_call_session(services: ProxyServices, session_id: str) -> Callabl
         await end_session(services.session_factory, session_id)
 
     return end_call_session
-
-
-def parse_request_json(raw: bytes) -> dict[str, Any]:
-    payload = msgspec.json.decode(raw)
-    if not isinstance(payload, dict):  # FastAPI has already validated the body as an object
-        raise OpenAIError(400, "The request body must be a JSON object.", "invalid_request_error")
-    return payload

@@ -22,12 +22,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from proxy.auth import Principal, require_principal
+from proxy.auth import require_principal
 from proxy.balancer import Worker
 from proxy.chat import (
     SESSION_HEADER,
@@ -35,7 +35,6 @@ from proxy.chat import (
     answer_json,
     count_generated,
     open_call_session,
-    parse_request_json,
     record_before_answer,
 )
 from proxy.errors import OpenAIError
@@ -48,9 +47,10 @@ from proxy.generation import (
     plan_generation,
     read_choice,
 )
+from proxy.request_body import decoded_body, validated_body
 from proxy.responses import completion_records
 from proxy.schemas import CompletionRequest, Prompt
-from proxy.services import ProxyServices, get_services
+from proxy.services import ProxyServices
 from proxy.streaming import DONE, GenerationStream, sse
 from proxy.tokenize import ChatTokenizer
 
@@ -67,13 +67,12 @@ class PromptGeneration:
     first_index: int
 
 
-async def create_completion(
-    request: Request,
-    body: CompletionRequest,
-    principal: Annotated[Principal, Depends(require_principal)],
-    services: Annotated[ProxyServices, Depends(get_services)],
-) -> Response:
-    request_json = parse_request_json(await request.body())
+async def create_completion(request: Request) -> Response:
+    # Taken by hand (decoded once), in FastAPI's order: unparsable JSON, the key, then the body's fields.
+    request_json = await decoded_body(request)
+    principal = await require_principal(request)
+    services: ProxyServices = request.app.state.services
+    body = validated_body(request_json, CompletionRequest)
     prompts = [await _tokenize(prompt, services) for prompt in body.prompts()]
     session_id = principal.session_id or uuid.uuid4().hex
     n = body.choices

@@ -18,30 +18,27 @@ from proxy.services import ProxyServices, get_services
 OWNER = "flywheel"
 
 
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+_CREATE = {
+    "chat/completions": create_chat_completion,
+    "completions": create_completion,
+    "responses": create_response,
+}
 
 
 def hot_routes() -> dict[str, Endpoint]:
-    """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): chat completions, whose
-    handler takes the raw request (proxy/request_body.py)."""
-    return dict.fromkeys(CHAT_PATHS, create_chat_completion)
+    """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): the inference POSTs, under
+    /v1 and at the root, whose handlers take the raw request (proxy/request_body.py)."""
+    return {f"{prefix}/{name}": create for name, create in _CREATE.items() for prefix in ("/v1", "")}
 
 
 def build_openai_router() -> APIRouter:
     router = APIRouter()
-    for path in CHAT_PATHS:
-        # POSTs never reach these (ProxyApp answers them first: hot_routes); they keep the path in the
-        # OpenAPI schema and answer other methods 405, as any route does.
-        router.add_api_route(
-            path, create_chat_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
-        )
-    for path in ("/v1/completions", "/completions"):
-        router.add_api_route(
-            path, create_completion, methods=["POST"], include_in_schema=path.startswith("/v1")
-        )
+    for path, create in hot_routes().items():
+        # POSTs never reach these (ProxyApp answers them first); they keep the path in the OpenAPI
+        # schema and answer other methods 405, as any route does.
+        router.add_api_route(path, create, methods=["POST"], include_in_schema=path.startswith("/v1"))
     for path in ("/v1/responses", "/responses"):
         documented = path.startswith("/v1")
-        router.add_api_route(path, create_response, methods=["POST"], include_in_schema=documented)
         router.add_api_route(
             f"{path}/{{response_id}}", retrieve_response, methods=["GET"], include_in_schema=documented
         )

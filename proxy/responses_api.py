@@ -33,11 +33,11 @@ from proxy.chat import (
     open_call_session,
     open_call_stream,
     output_parser,
-    parse_request_json,
     record_before_answer,
 )
 from proxy.errors import OpenAIError
 from proxy.generation import GenerationPlan, generate, plan_generation
+from proxy.request_body import decoded_body, validated_body
 from proxy.responses import completion_records
 from proxy.responses_api_input import ResponsesRequest, chat_request
 from proxy.responses_api_output import RESPONSE_PREFIX, complete_response, new_response_id
@@ -51,13 +51,12 @@ from storage.models import Completion
 MAX_CHAIN = 1000  # previous_response_id links followed; a longer chain is refused, never looped over
 
 
-async def create_response(
-    request: Request,
-    body: ResponsesRequest,
-    principal: Annotated[Principal, Depends(require_principal)],
-    services: Annotated[ProxyServices, Depends(get_services)],
-) -> Response:
-    request_json = parse_request_json(await request.body())
+async def create_response(request: Request) -> Response:
+    # Taken by hand (decoded once), in FastAPI's order: unparsable JSON, the key, then the body's fields.
+    request_json = await decoded_body(request)
+    principal = await require_principal(request)
+    services: ProxyServices = request.app.state.services
+    body = validated_body(request_json, ResponsesRequest)
     history = await previous_items(services, principal, body.previous_response_id)
     chat = chat_request(body, history, request_json)
     messages, tools = chat.template_messages(), chat.template_tools()  # once: several steps read them

@@ -228,12 +228,24 @@ def test_bad_bodies_are_400_and_write_nothing(proxy: Proxy, body: dict[str, Any]
     assert proxy.count_completions() == 0 and len(proxy.sessions()) == sessions_before
 
 
-def test_unparseable_json_is_400(proxy: Proxy) -> None:
-    response = httpx.post(
-        f"{proxy.v1}/chat/completions", content=b"{not json", timeout=10,
-        headers={"Authorization": f"Bearer {proxy.session_key}", "Content-Type": "application/json"},
-    )
-    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/responses"])
+def test_bad_requests_are_refused_in_fastapis_order(proxy: Proxy, path: str) -> None:
+    """The inference routes take their raw request (proxy/hot_routes.py): they refuse as FastAPI's body
+    parameters did: unparsable JSON first, then a bad key, then the body's fields."""
+    url, key = f"{proxy.base_url}{path}", {"Authorization": f"Bearer {proxy.session_key}"}
+    json_type = {"Content-Type": "application/json"}
+    unparsable = httpx.post(url, content=b"{not json", timeout=10, headers={**key, **json_type})
+    assert unparsable.status_code == 400 and unparsable.json()["error"]["type"] == "invalid_request_error"
+    assert unparsable.headers["x-request-id"]
+    keyless = httpx.post(url, content=b"{not json", timeout=10, headers=json_type)
+    assert keyless.status_code == 400  # the JSON is refused before the key is looked at
+    assert httpx.post(url, json={"max_tokens": "many"}, timeout=10).status_code == 401
+    fields = {"max_tokens": "many", "max_output_tokens": "many"}
+    invalid = httpx.post(url, json=fields, headers=key, timeout=10)
+    assert invalid.status_code == 400 and invalid.json()["error"]["type"] == "invalid_request_error"
+    not_object = httpx.post(url, json=[1, 2], headers=key, timeout=10)
+    assert not_object.status_code == 400
+    assert proxy.count_completions() == 0
 
 
 def test_unknown_fields_and_agent_extras_are_accepted(proxy: Proxy) -> None:
