@@ -1,6 +1,6 @@
 """A streamed Responses API call: the worker's stream relayed as named SSE events (`event: <type>` and a
 `data:` object with a `sequence_number`), on the shared streaming relay (`GenerationStream`: the
-worker reader, the finisher that records, abort on a dropped client) and the incremental output
+worker read and then recorded by one task, abort on a dropped client) and the incremental output
 parsers chat streaming uses.
 
 Items open as the parser finds them and close when the next one starts: a reasoning item

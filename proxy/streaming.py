@@ -2,8 +2,8 @@
 token as they arrive, and record the completion when the stream ends.
 
 The worker is read by its own task, not by the response body: when the client drops the stream, the
-body generator is cancelled, the reader is cancelled (closing the worker connection aborts the
-generation there; an explicit `/abort_request` follows), and the finisher task still records what was
+body generator is cancelled, the task's reading is stopped (closing the worker connection aborts the
+generation there; an explicit `/abort_request` follows), and the same task then still records what was
 generated, with finish_reason "abort". A stream that ends normally is recorded before its final
 chunks and `data: [DONE]` go out, so a client that saw the end can rely on the record.
 """
@@ -92,7 +92,7 @@ class ChoiceStream:
 
 
 class GenerationStream:
-    """One streaming generation: the worker reader, the finisher that records, and the SSE body.
+    """One streaming generation: the task that reads the worker and then records, and the SSE body.
     Subclasses say what the client sees: `_opening` (chunks before any token), `_take` (one worker
     chunk), `_response` (the object recorded for the results) and `_emit_end` (the last chunks)."""
 
@@ -116,9 +116,11 @@ class GenerationStream:
         self._queue: asyncio.Queue[bytes | None] = queue if queue is not None else asyncio.Queue()
         self._started = time.perf_counter()
         self._first_content = True
+        self._reading = True  # the task is reading the worker: a disconnect may stop that
+        self._stopped = False
+        self._read_scope: asyncio.Timeout | None = None
         self._opening()
-        self._reader = asyncio.create_task(self._read(), name=f"stream-read-{plan.response_id}")
-        services.spawn(self._finish(), name=f"stream-finish-{plan.response_id}")
+        self._task = services.spawn(self._run(), name=f"stream-{plan.response_id}")
 
     def _opening(self) -> None:
         """Chunks sent before the first token (none unless a subclass says so)."""
@@ -164,27 +166,45 @@ class GenerationStream:
             self.stop_reading()
 
     def stop_reading(self) -> None:
-        """The client left: stop reading the worker (the finisher then records what was generated)."""
-        if not self._reader.done():
-            self.services.metrics.stream_disconnects.inc()
-            self._reader.cancel()
+        """The client left: stop reading the worker (the task then records what was generated)."""
+        if not self._reading or self._stopped:
+            return
+        self._stopped = True
+        self.services.metrics.stream_disconnects.inc()
+        if self._read_scope is not None:
+            self._read_scope.reschedule(asyncio.get_running_loop().time())  # expire it now
 
-    async def _read(self) -> None:
-        async with contextlib.aclosing(self._stream):
-            self._take(self._first)
-            async for worker_chunk in self._stream:
-                self._take(worker_chunk)
-
-    async def _finish(self) -> None:
-        await asyncio.wait([self._reader])
+    async def _run(self) -> None:
+        """Read the worker's stream, then record and end the response, in one task (app shutdown waits
+        for it). A disconnect ends only the reading (its scope expires): what was generated is still
+        recorded."""
+        aborted = self._stopped
+        failure: BaseException | None = None
+        if not aborted:
+            try:
+                async with asyncio.timeout(None) as scope:
+                    self._read_scope = scope
+                    await self._read()
+            except TimeoutError as exc:
+                aborted = scope.expired() and self._stopped
+                failure = None if aborted else exc
+            except Exception as exc:  # a task boundary: the failure is reported by _conclude
+                failure = exc
+        self._reading = False
         try:
-            await self._conclude()
+            await self._conclude(aborted, failure)
         except Exception as exc:  # a task boundary: say what happened, to the log and the client
             logger.exception("stream %s could not be finished", self.plan.response_id)
             self._fail(None, exc)
         finally:
             await self._release_worker()
             self._queue.put_nowait(None)
+
+    async def _read(self) -> None:
+        async with contextlib.aclosing(self._stream):
+            self._take(self._first)
+            async for worker_chunk in self._stream:
+                self._take(worker_chunk)
 
     async def _release_worker(self) -> None:
         """A `ResumingStream` holds its own worker lease (closing it again is harmless); a bare worker
@@ -201,9 +221,7 @@ class GenerationStream:
             return self._stream.worker
         return self.worker
 
-    async def _conclude(self) -> None:
-        aborted = self._reader.cancelled()
-        failure = None if aborted else self._reader.exception()
+    async def _conclude(self, aborted: bool, failure: BaseException | None) -> None:
         if aborted or failure is not None:
             await self._abort_worker()
         results = self._results(aborted or failure is not None)
