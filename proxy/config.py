@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from proxy.parsers import reasoning_parser, tool_call_parser
 from rewards.config import FinalizerConfig
 
+DEFAULT_MAX_SESSIONS = 4096  # conversation trees held in memory (proxy.conversation_sessions_max)
+DEFAULT_MAX_NODES = 20_000  # completions per session tree (proxy.conversation_nodes_max)
+
 
 class ProxyConfig(BaseModel):
     """The OpenAI-compatible proxy (`flywheel proxy`)."""
@@ -69,6 +72,13 @@ class ProxyConfig(BaseModel):
     background beside the generation, off the answer's path, but costs a full render of the whole
     conversation: checking every turn would make a T-turn session cost O(T²) tokenizer work again, the
     cost chaining exists to avoid. A sample is enough for a diagnostic."""
+    conversation_sessions_max: int = Field(DEFAULT_MAX_SESSIONS, ge=1)
+    """Sessions whose conversation trees (token-exact multi-turn chaining, DESIGN.md §3) stay in memory,
+    least recently used first out; a session that dropped out is reloaded from the database on its next
+    call, so this bounds memory, never correctness."""
+    conversation_nodes_max: int = Field(DEFAULT_MAX_NODES, ge=1)
+    """Completions a session's tree keeps in memory: beyond this the oldest leaves (finished
+    conversations' last turns) are forgotten; a call that extends a forgotten turn reloads the tree."""
     gc_freeze: bool = True
     """Once started, exempt everything allocated so far (tokenizer, libraries) from Python's cyclic
     garbage collector (`gc.freeze`): full collections then walk only what requests allocate, instead of

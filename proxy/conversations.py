@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import ValidationError
 
+from proxy.config import DEFAULT_MAX_NODES, DEFAULT_MAX_SESSIONS
 from proxy.conversation_text import (
     ConversationKeys,
     MessageKey,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_SESSIONS = 4096
-DEFAULT_MAX_NODES = 20_000  # per session: a busy session keeps its newest conversations in memory
 _EVICT_SCAN = 64  # oldest nodes looked at per eviction (a long chain has no leaf among them)
 
 
@@ -198,11 +197,16 @@ def chat_record(
 
 
 class ConversationIndex:
-    """The session trees of one proxy: an LRU of at most `max_sessions`, refilled from the database."""
+    """The session trees of one proxy: an LRU of at most `max_sessions`, each keeping its newest
+    `max_nodes` completions, refilled from the database (proxy.conversation_sessions_max/_nodes_max)."""
 
-    def __init__(self, session_factory: SessionFactory, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+    def __init__(
+        self, session_factory: SessionFactory, max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_nodes: int = DEFAULT_MAX_NODES,
+    ) -> None:
         self._session_factory = session_factory
         self._max_sessions = max_sessions
+        self._max_nodes = max_nodes
         self._trees: OrderedDict[str, SessionTree] = OrderedDict()
         self._chained = 0
 
@@ -221,7 +225,7 @@ class ConversationIndex:
             self._trees.move_to_end(session_id)
             return tree, False
         records = await load_session_completions(self._session_factory, session_id)
-        tree = SessionTree()
+        tree = SessionTree(max_nodes=self._max_nodes)
         if not tree.add_all(records):
             logger.warning("session %s: some completions have parents outside it; not matched", session_id)
         self._trees[session_id] = tree

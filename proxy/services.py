@@ -104,7 +104,9 @@ async def build_services(
     # The balancer fails over to the next worker itself, so a dead worker costs one refused connect.
     pool = WorkerPool(serving.client.model_copy(update={"max_retries": 0}))
     clients = [pool.client(url) for url in worker_urls(serving)]
-    conversations = ConversationIndex(session_factory)
+    conversations = ConversationIndex(
+        session_factory, proxy.conversation_sessions_max, proxy.conversation_nodes_max
+    )
     recorder = IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations)
     recorder.start()
     services = ProxyServices(
