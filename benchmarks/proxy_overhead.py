@@ -18,6 +18,7 @@ client; at 16 clients >= 10x LiteLLM's and >= 30% of the passthrough's requests/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,7 +37,10 @@ from benchmarks.overhead import stacks
 from benchmarks.overhead.load import Measurement, Target, chat_target, generate_target, measure
 from benchmarks.overhead.stacks import Server
 
-STACKS = ("worker", "worker-generate", "passthrough", "flywheel-sqlite", "flywheel-postgres", "litellm")
+STACKS = (
+    "worker", "worker-generate", "passthrough", "passthrough-sqlite", "flywheel-sqlite", "flywheel-postgres",
+    "litellm",
+)
 BASELINE = "worker"
 FLYWHEEL = ("flywheel-sqlite", "flywheel-postgres")
 
@@ -128,6 +132,11 @@ def _stack(run: Run, name: str, worker: Server, logs: Path) -> None:
     elif name == "passthrough":
         with stacks.passthrough(logs, worker.url) as server:
             _sweep(run, name, server, worker, chat(server))
+    elif name == "passthrough-sqlite":  # a reference floor for a recording proxy, with no target
+        with tempfile.TemporaryDirectory(prefix="passthrough-sqlite-") as scratch:
+            with stacks.passthrough(logs, worker.url, f"{scratch}/calls.db") as server:
+                answered = _sweep(run, name, server, worker, chat(server))
+            run.recorded[name] = {"answered": answered, "recorded": _count_calls(f"{scratch}/calls.db")}
     elif name == "litellm":
         with stacks.litellm_proxy(logs, worker.url) as server:
             _sweep(run, name, server, worker, chat(server))
@@ -141,6 +150,13 @@ def _stack(run: Run, name: str, worker: Server, logs: Path) -> None:
                 answered = _sweep(run, name, server, worker, chat(server, args.model))
             # Counted after the proxy stopped (a stream's record may still be in flight as it answers).
             run.recorded[name] = {"answered": answered, "recorded": stacks.count_completions(db_url)}
+
+
+def _count_calls(path: str) -> int:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return int(connection.execute("SELECT count(*) FROM calls").fetchone()[0])
 
 
 def _added(run: Run) -> None:
@@ -226,6 +242,9 @@ def markdown(run: Run) -> str:
         "- Added latency is against the worker's own /v1/chat/completions at the same concurrency "
         "and mode (worker-generate: its /generate, the protocol Flywheel speaks upstream).",
         "- Flywheel records every completion (group commit) before a non-streaming answer is released.",
+        "- passthrough-sqlite: the bare passthrough that also commits one SQLite row per request (its "
+        "body and answer, one transaction on a writer thread) before the answer ends: the floor of a "
+        "recording Python proxy, shown for reference (no target).",
     ]
     for name, counts in run.recorded.items():
         verdict = "" if counts["answered"] == counts["recorded"] else " MISMATCH: answers lost or unrecorded"

@@ -2,12 +2,21 @@
 ClientSession upstream, the body and the answer copied through (streams chunk by chunk), no parsing,
 no auth, no recording.
 
-    python -m benchmarks.overhead.passthrough --port 8100 --upstream http://127.0.0.1:30000
+With `--sqlite PATH` it is the floor of a proxy that records (DESIGN.md 7b's "same + one SQLite row per
+request"): each request and its answer are inserted as one row (sqlite3, WAL, synchronous=NORMAL, on one
+writer thread, one transaction per request) and committed before the answer ends (a stream's last piece
+is held back until then), as Flywheel records before it answers. Still no parsing and no auth.
+
+    python -m benchmarks.overhead.passthrough --port 8100 --upstream http://127.0.0.1:30000 [--sqlite F]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sqlite3
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 from aiohttp import web
@@ -16,19 +25,59 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
 
 
+class RowRecorder:
+    """One row per request, inserted and committed on one writer thread."""
+
+    def __init__(self, path: str) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="passthrough-sqlite")
+        self._connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._connection.execute("PRAGMA journal_mode = WAL")
+        self._connection.execute("PRAGMA synchronous = NORMAL")
+        self._connection.execute(
+            "CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, request BLOB, response BLOB)"
+        )
+
+    async def record(self, request: bytes, response: bytes) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, request, response)
+
+    def _insert(self, request: bytes, response: bytes) -> None:
+        self._connection.execute("BEGIN IMMEDIATE")
+        self._connection.execute("INSERT INTO calls VALUES (?, ?, ?)", (uuid.uuid4().hex, request, response))
+        self._connection.execute("COMMIT")
+
+    def count(self) -> int:
+        return int(self._connection.execute("SELECT count(*) FROM calls").fetchone()[0])
+
+
+RECORDER: web.AppKey[RowRecorder | None] = web.AppKey("recorder")
+
+
 async def forward(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
     url = request.app[UPSTREAM] + request.path
+    recorder = request.app[RECORDER]
     async with request.app[HTTP].post(url, data=body, headers=headers) as upstream:
         content_type = upstream.headers.get("Content-Type", "application/json")
         if not content_type.startswith("text/event-stream"):
             payload = await upstream.read()
+            if recorder is not None:
+                await recorder.record(body, payload)
             return web.Response(body=payload, status=upstream.status, content_type=content_type.split(";")[0])
         response = web.StreamResponse(status=upstream.status, headers={"Content-Type": content_type})
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
+        if recorder is None:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        else:  # the last piece waits for the record
+            pieces: list[bytes] = []
+            async for chunk in upstream.content.iter_any():
+                if pieces:
+                    await response.write(pieces[-1])
+                pieces.append(chunk)
+            await recorder.record(body, b"".join(pieces))
+            if pieces:
+                await response.write(pieces[-1])
         await response.write_eof()
         return response
 
@@ -37,9 +86,10 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def build_app(upstream: str) -> web.Application:
+def build_app(upstream: str, sqlite_path: str | None = None) -> web.Application:
     app = web.Application()
     app[UPSTREAM] = upstream.rstrip("/")
+    app[RECORDER] = RowRecorder(sqlite_path) if sqlite_path else None
 
     async def session(app: web.Application):  # type: ignore[no-untyped-def]
         app[HTTP] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -56,9 +106,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--sqlite", default=None, help="record one row per request in this SQLite file")
     args = parser.parse_args()
     web.run_app(
-        build_app(args.upstream), host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=4096
+        build_app(args.upstream, args.sqlite),
+        host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=4096,
     )
 
 

@@ -123,7 +123,8 @@ def worker(logs: Path) -> Iterator[Server]:
 
 
 @contextmanager
-def passthrough(logs: Path, upstream: str) -> Iterator[Server]:
+def passthrough(logs: Path, upstream: str, sqlite_path: str | None = None) -> Iterator[Server]:
+    """The bare passthrough; with `sqlite_path`, the one that records a row per request there."""
     port = free_port()
     argv = [
         sys.executable,
@@ -133,9 +134,10 @@ def passthrough(logs: Path, upstream: str) -> Iterator[Server]:
         str(port),
         "--upstream",
         upstream,
+        *(["--sqlite", sqlite_path] if sqlite_path else []),
     ]
-    # No health route: any answer to GET / (405) means it is listening; _wait_healthy wants 200.
-    with process(argv, f"http://127.0.0.1:{port}/health", logs / "passthrough.log", timeout_s=60) as proc:
+    log = logs / ("passthrough-sqlite.log" if sqlite_path else "passthrough.log")
+    with process(argv, f"http://127.0.0.1:{port}/health", log, timeout_s=60) as proc:
         yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
 

@@ -4,13 +4,15 @@ sees them. (No timing here: the benchmark measures, tests only check it measures
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import openai
 import pytest
 from aiohttp import web
 
-from benchmarks.overhead.passthrough import build_app
+from benchmarks.overhead.passthrough import RECORDER, build_app
 from benchmarks.overhead.worker import BenchWorker
 from serving.threaded_server import free_port
 
@@ -65,3 +67,31 @@ async def test_passthrough_relays_sglang_generate_streams(urls: tuple[str, str])
     events = [line for line in bodies[0].split(b"\n\n") if line]
     assert len(events) == 5 and events[-1] == b"data: [DONE]"  # 4 cumulative chunks, then DONE
     assert len(bodies[0]) == len(bodies[1])  # same shape (rids differ)
+
+
+async def test_recording_passthrough_relays_and_records_every_call(tmp_path: Path) -> None:
+    """passthrough --sqlite (the benchmark's floor for a recording proxy): the same answers, streamed
+    and not, and one committed row per call, holding the request and the whole answer."""
+    worker = BenchWorker()
+    worker_url = await worker.start()
+    app = build_app(worker_url, str(tmp_path / "calls.db"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(model="bench", messages=MESSAGES, max_tokens=5)
+        stream = await client.chat.completions.create(
+            model="bench", messages=MESSAGES, max_tokens=5, stream=True
+        )
+        streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert streamed == reply.choices[0].message.content and len(streamed) == 5
+        recorder = app[RECORDER]
+        assert recorder is not None and recorder.count() == 2
+        rows = sqlite3.connect(tmp_path / "calls.db").execute("SELECT response FROM calls").fetchall()
+        assert any(b"data: [DONE]" in row[0] for row in rows)  # the stream's whole answer, last piece too
+    finally:
+        await client.close()
+        await runner.cleanup()
+        await worker.stop()
