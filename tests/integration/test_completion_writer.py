@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage.config import StorageConfig
-from storage.engine import create_engine, create_sessionmaker, write_transaction
+from storage.engine import SessionFactory, create_engine, create_sessionmaker, write_transaction
 from storage.migrate import upgrade
 from storage.models import Completion
 from storage.queries import create_session, record_completions
@@ -51,15 +55,26 @@ async def test_written_rows_read_back_exactly(db_url: str) -> None:
     assert row.created_at is not None
 
 
-async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(tmp_path: object) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path}/w.db"
+@asynccontextmanager
+async def sqlite_writer(path: str, **storage: Any) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
+    """A migrated SQLite file with session s1, its engine, session factory and completion writer."""
+    url = f"sqlite+aiosqlite:///{path}"
     await asyncio.to_thread(upgrade, url)
-    engine = create_engine(StorageConfig(url=url, sqlite_busy_timeout_ms=12345, sqlite_synchronous="FULL"))
+    engine = create_engine(StorageConfig(url=url, **storage))
     factory = create_sessionmaker(engine)
     await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
     writer = completion_writer(factory)
-    assert isinstance(writer, SqliteThreadWriter)
     try:
+        yield engine, factory, writer
+    finally:
+        await writer.close()
+        await engine.dispose()
+
+
+async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(tmp_path: object) -> None:
+    storage = {"sqlite_busy_timeout_ms": 12345, "sqlite_synchronous": "FULL"}
+    async with sqlite_writer(f"{tmp_path}/w.db", **storage) as (_engine, factory, writer):
+        assert isinstance(writer, SqliteThreadWriter)
         async with write_transaction(factory):  # another writer holds the lock (BEGIN IMMEDIATE)
             write = asyncio.create_task(writer.write([completion("late")]))
             ticks = 0
@@ -74,9 +89,6 @@ async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(t
         assert twin is not None and thread is not None
         pragmas = await thread.run(_pragmas, twin)
         assert pragmas == {"busy_timeout": 12345, "synchronous": 2, "foreign_keys": 1}
-    finally:
-        await writer.close()
-        await engine.dispose()
 
 
 def _pragmas(engine: object) -> dict[str, int]:
@@ -88,27 +100,17 @@ def _pragmas(engine: object) -> dict[str, int]:
 async def test_sqlite_writer_stores_what_sqlalchemy_stores(tmp_path: object) -> None:
     """The writer binds values itself (storage.writer.SqliteInsert): each column must hold the very bytes
     and types SQLAlchemy's own INSERT of the same record stores."""
-    url = f"sqlite+aiosqlite:///{tmp_path}/same.db"
-    await asyncio.to_thread(upgrade, url)
-    engine = create_engine(StorageConfig(url=url))
-    factory = create_sessionmaker(engine)
-    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
-    writer = completion_writer(factory)
-    base = completion("x")
     record = replace(
-        base, prompt_ids=np.array([1, 2, 2**31 - 1], dtype=np.int64), output_logprobs=[-0.1, -np.inf],
-        branched=True, response_json={"nul": "a\u0000b", "float": 0.1, "none": None},
+        completion("x"), prompt_ids=np.array([1, 2, 2**31 - 1], dtype=np.int64),
+        output_logprobs=[-0.1, -np.inf], branched=True,
+        response_json={"nul": "a\u0000b", "float": 0.1, "none": None},
     )
-    try:
+    async with sqlite_writer(f"{tmp_path}/same.db") as (engine, factory, writer):
         await record_completions(factory, [replace(record, id="by-sqlalchemy")])
         await writer.write([replace(record, id="by-writer")])
         async with engine.connect() as connection:
-            rows = (await connection.exec_driver_sql(
-                "SELECT *, typeof(created_at) FROM completions ORDER BY id"
-            )).all()
-    finally:
-        await writer.close()
-        await engine.dispose()
+            query = "SELECT *, typeof(created_at) FROM completions ORDER BY id"
+            rows = (await connection.exec_driver_sql(query)).all()
     by_sqlalchemy, by_writer = (dict(row._mapping) for row in rows)
     created = (by_sqlalchemy.pop("created_at"), by_writer.pop("created_at"))
     assert by_sqlalchemy.pop("id") == "by-sqlalchemy" and by_writer.pop("id") == "by-writer"
@@ -117,13 +119,7 @@ async def test_sqlite_writer_stores_what_sqlalchemy_stores(tmp_path: object) -> 
 
 
 async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path}/fail.db"
-    await asyncio.to_thread(upgrade, url)
-    engine = create_engine(StorageConfig(url=url))
-    factory = create_sessionmaker(engine)
-    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
-    writer = completion_writer(factory)
-    try:
+    async with sqlite_writer(f"{tmp_path}/fail.db") as (_engine, factory, writer):
         with pytest.raises(sqlite3.IntegrityError):  # no such session: a foreign key violation
             bad = replace(completion("bad"), session_id="nope")
             await writer.write([completion("ok-but-rolled-back"), bad])
@@ -132,6 +128,3 @@ async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object)
         await writer.write([completion("after")])
         async with factory() as db:
             assert (await db.execute(select(Completion.id))).scalars().all() == ["after"]
-    finally:
-        await writer.close()
-        await engine.dispose()
