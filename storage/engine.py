@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 from sqlalchemy import URL, event, make_url
 from sqlalchemy.engine import Connection, CursorResult, Result
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -22,13 +23,22 @@ SessionFactory = async_sessionmaker[AsyncSession]
 _IMMEDIATE = "flywheel_begin_immediate"
 
 
+def json_text(value: Any) -> str:
+    """JSON columns' text (the engines' `json_serializer`): msgspec, several times faster than the
+    stdlib's json.dumps on the proxy's request and response objects, with UTF-8 text unescaped and
+    NaN/±inf as null (json.dumps writes bare NaN/Infinity, which are not JSON: Postgres refuses them)."""
+    return msgspec.json.encode(value).decode()
+
+
 def create_engine(config: StorageConfig) -> AsyncEngine:
     """An AsyncEngine for `sqlite+aiosqlite` (WAL, busy timeout, foreign keys on) or `postgresql+asyncpg`."""
     url = make_url(config.url)
     if url.drivername == SQLITE_DRIVER:
         return _create_sqlite_engine(url, config)
     if url.drivername == POSTGRES_DRIVER:
-        return create_async_engine(url, echo=config.echo, pool_size=config.pool_size)
+        return create_async_engine(
+            url, echo=config.echo, pool_size=config.pool_size, json_serializer=json_text
+        )
     raise ValueError(
         f"storage.url must start with {SQLITE_DRIVER}:/// or {POSTGRES_DRIVER}://, got {url.drivername}://"
     )
@@ -66,7 +76,7 @@ def _create_sqlite_engine(url: URL, config: StorageConfig) -> AsyncEngine:
         )
     if not url.query.get("uri"):
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url, echo=config.echo, pool_size=config.pool_size)
+    engine = create_async_engine(url, echo=config.echo, pool_size=config.pool_size, json_serializer=json_text)
     busy_timeout_ms = config.sqlite_busy_timeout_ms
     synchronous = config.sqlite_synchronous
 

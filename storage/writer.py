@@ -26,7 +26,7 @@ from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
-from storage.engine import SQLITE_DRIVER, SessionFactory
+from storage.engine import SQLITE_DRIVER, SessionFactory, json_text
 from storage.models import Completion
 from storage.queries import _completion_row
 from storage.records import CompletionRecord
@@ -216,7 +216,7 @@ class SqliteThreadWriter:
                        for name in _PRAGMAS}
         url = make_url(self._async_engine.url).set(drivername="sqlite")
         # The writer keeps one connection; a second one serves anything else (reading the pragmas back).
-        engine = create_sync_engine(url, pool_size=2, max_overflow=0)
+        engine = create_sync_engine(url, pool_size=2, max_overflow=0, json_serializer=json_text)
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None  # BEGIN is ours, as in storage/engine.py

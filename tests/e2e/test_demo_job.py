@@ -36,10 +36,10 @@ def test_demo_runs_rounds_trains_and_reports(tiny_model_dir, tmp_path):
     with sqlite3.connect(run_dir / "flywheel.db") as db:
         trained_eval = db.execute(
             "SELECT count(*) FROM trajectories t JOIN sessions s ON t.session_id = s.id "
-            "WHERE s.metadata LIKE '%\"purpose\": \"eval\"%'"
+            "WHERE json_extract(s.metadata, '$.purpose') = 'eval'"
         ).fetchone()[0]
         eval_sessions = db.execute(
-            "SELECT count(*) FROM sessions WHERE metadata LIKE '%\"purpose\": \"eval\"%'"
+            "SELECT count(*) FROM sessions WHERE json_extract(metadata, '$.purpose') = 'eval'"
         ).fetchone()[0]
     assert eval_sessions == 8 and trained_eval == 0  # held-out sessions are never trained on
     agent = json.loads((report / "agent_report.json").read_text())

@@ -128,3 +128,23 @@ async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object)
         await writer.write([completion("after")])
         async with factory() as db:
             assert (await db.execute(select(Completion.id))).scalars().all() == ["after"]
+
+
+async def test_json_columns_are_valid_json_on_both_databases(db_url: str) -> None:
+    """JSON columns are written with msgspec (storage.engine.json_text): NaN and ±inf (which json.dumps
+    writes as bare tokens Postgres refuses) become null, NUL and non-ASCII text round-trip."""
+    engine = create_engine(StorageConfig(url=db_url))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    odd = {"nan": float("nan"), "inf": float("-inf"), "text": "a\u0000b é 你", "n": [1, 2.5, None]}
+    writer = completion_writer(factory)
+    try:
+        await writer.write([replace(completion("w"), response_json=odd)])
+        await record_completions(factory, [replace(completion("q"), response_json=odd)])
+        async with factory() as db:
+            stored = {row.id: row.response_json for row in (await db.execute(select(Completion))).scalars()}
+    finally:
+        await writer.close()
+        await engine.dispose()
+    expected = {"nan": None, "inf": None, "text": "a\u0000b é 你", "n": [1, 2.5, None]}
+    assert stored == {"w": expected, "q": expected}
