@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -153,8 +154,6 @@ def _stack(run: Run, name: str, worker: Server, logs: Path) -> None:
 
 
 def _count_calls(path: str) -> int:
-    import sqlite3
-
     with contextlib.closing(sqlite3.connect(path)) as connection:
         return int(connection.execute("SELECT count(*) FROM calls").fetchone()[0])
 

@@ -61,9 +61,8 @@ async def create_chat_completion(request: Request) -> Response:
         body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session_id,
         services.served_model_name, output_parser(body, services.config, services.tokenizer, prompt_ids),
     )
-    if conversation.parent_id is not None or conversation.branched or conversation.keys is not None:
-        plan = replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
-                       branched=conversation.branched, conversation_keys=conversation.keys)
+    plan = in_conversation(plan, conversation)
+    if conversation.new_from:
         # A child stores only its new messages; the parent chain holds the rest (DESIGN.md §5).
         request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
     end_call_session = await open_call_session(services, session_id) if principal.is_admin else None
@@ -101,6 +100,13 @@ async def chat_prompt(
         return await conversation_prompt(services, session_id, messages, tools)
     ids = await services.tokenizer.render_async(messages, tools, services.config.tokenize_in_thread_chars)
     return ConversationPrompt(ids)
+
+
+def in_conversation(plan: GenerationPlan, conversation: ConversationPrompt) -> GenerationPlan:
+    """The plan with its call's place in the session's conversation tree (parent, shared prefix, branch
+    flag, and the message keys its record is indexed by)."""
+    return replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
+                   branched=conversation.branched, conversation_keys=conversation.keys)
 
 
 async def open_call_stream(

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 ToolCallKey = tuple[str, str]
 MessageKey = tuple[str, str, tuple[ToolCallKey, ...]]
+"""(role, content text, ((function name, canonical arguments), ...))."""
 ConversationKeys = tuple[tuple[MessageKey, ...], str | None]
 """The keys of the messages a call's record stores and its tools key, as the call computed them: the
 conversation index takes them instead of validating the recorded request again."""
-"""(role, content text, ((function name, canonical arguments), ...))."""
 
 # Stand-ins that no real conversation contains: the suffix is read off a render that follows them.
 _DUMMY_USER = "\u2063flywheel-dummy-user\u2063"

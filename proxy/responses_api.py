@@ -14,7 +14,6 @@ recorded for training).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -30,6 +29,7 @@ from proxy.chat import (
     call_session_id,
     chat_prompt,
     count_generated,
+    in_conversation,
     open_call_session,
     open_call_stream,
     output_parser,
@@ -68,8 +68,7 @@ async def create_response(request: Request) -> Response:
         services.served_model_name, output_parser(chat, services.config, services.tokenizer, prompt_ids),
         completion_ids=(new_response_id(),), prompt_param="input",
     )
-    plan = replace(plan, parent_id=conversation.parent_id, prefix_len=conversation.prefix_len,
-                   branched=conversation.branched)
+    plan = in_conversation(plan, conversation)
     # The request as sent (for GET and previous_response_id), and for the conversation tree the chat
     # messages this call adds to its parent's history.
     request_json = {**request_json, CHAT_VIEW: chat_view(messages[conversation.new_from:], tools)}

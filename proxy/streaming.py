@@ -120,7 +120,7 @@ class GenerationStream:
         self._stopped = False
         self._read_scope: asyncio.Timeout | None = None
         self._opening()
-        self._task = services.spawn(self._run(), name=f"stream-{plan.response_id}")
+        services.spawn(self._run(), name=f"stream-{plan.response_id}")
 
     def _opening(self) -> None:
         """Chunks sent before the first token (none unless a subclass says so)."""
