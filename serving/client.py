@@ -176,8 +176,12 @@ class SGLangClient:
         body = encode_generate_body(request, stream=True)
         response = await self._open_stream("/generate", body)
         finished = False
+        # Closed here, not left to the garbage collector: an async generator dropped mid-iteration is
+        # closed through the loop's finalizer hook, a call_soon_threadsafe (an eventfd write and a
+        # wake-up) and one more task for every streamed request.
+        events = iter_sse_data(response.content)
         try:
-            async for data in iter_sse_data(response.content):
+            async for data in events:
                 if data == b"[DONE]":
                     finished = True
                     return
@@ -191,6 +195,7 @@ class SGLangClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _map_client_error(exc, self.base_url, "/generate") from exc
         finally:
+            await events.aclose()
             if finished:
                 response.release()
             else:

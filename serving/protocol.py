@@ -3,7 +3,7 @@ names, body encoding, error-text extraction and the SSE framing of streamed answ
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -126,7 +126,7 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(parts) if parts else None
 
 
-async def iter_sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def iter_sse_data(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
     """Yield the data of each SSE event. Handles events of any size (cumulative chunks grow with the
     output, past aiohttp's readline limit), split across reads arbitrarily."""
     buffer = bytearray()

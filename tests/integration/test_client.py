@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -116,6 +118,23 @@ async def test_stream_chunks_are_cumulative_and_last_equals_non_stream(client: S
         assert later["text"].startswith(earlier["text"])
         assert earlier["meta_info"]["finish_reason"] is None
     assert chunks[-1] == full
+
+
+async def test_a_finished_stream_leaves_no_generator_to_the_loops_finalizer(client: SGLangClient) -> None:
+    """An async generator dropped unfinished is closed by the loop's finalizer hook: a cross-thread
+    wake-up and one more task per streamed request, on the proxy's hot path."""
+    finalized: list[Any] = []
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(hooks.firstiter, lambda agen: finalized.append(agen.__qualname__))
+    try:
+        for _ in range(3):
+            async with contextlib.aclosing(client.generate_stream(request(max_new_tokens=4))) as stream:
+                chunks = [chunk async for chunk in stream]
+            assert chunks[-1]["meta_info"]["finish_reason"] is not None
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert finalized == []
 
 
 async def test_n_greater_than_one_gives_a_list(client: SGLangClient) -> None:
