@@ -119,7 +119,6 @@ class GenerationStream:
         self._reading = True  # the task is reading the worker: a disconnect may stop that
         self._stopped = False
         self._read_scope: asyncio.Timeout | None = None
-        self._opening()
         services.spawn(self._run(), name=f"stream-{plan.response_id}")
 
     def _opening(self) -> None:
@@ -184,6 +183,9 @@ class GenerationStream:
             try:
                 async with asyncio.timeout(None) as scope:
                     self._read_scope = scope
+                    # Queued by this task, not by the request's: the body then finds them beside the
+                    # first tokens and sends all in one write (each write wakes the client).
+                    self._opening()
                     await self._read()
             except TimeoutError as exc:
                 aborted = scope.expired() and self._stopped
