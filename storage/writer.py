@@ -184,9 +184,15 @@ class SqliteThreadWriter:
             self._connection = engine.raw_connection()  # the pool's connection: its connect hook ran
         driver = self._connection.driver_connection
         try:
-            driver.execute("BEGIN IMMEDIATE")  # take the write lock up front (isolation_level is None)
-            driver.executemany(sql, rows)
-            driver.execute("COMMIT")
+            if len(rows) == 1:
+                # One statement in autocommit is its own transaction, and its write lock is taken (busy
+                # handler included) when it starts: what BEGIN IMMEDIATE ... COMMIT does, in one call
+                # instead of three. Each call releases and retakes the GIL, which the event loop wants.
+                driver.execute(sql, rows[0])
+            else:
+                driver.execute("BEGIN IMMEDIATE")  # take the write lock up front (isolation_level is None)
+                driver.executemany(sql, rows)
+                driver.execute("COMMIT")
         except BaseException:
             connection, self._connection = self._connection, None
             try:

@@ -123,6 +123,10 @@ async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object)
         with pytest.raises(sqlite3.IntegrityError):  # no such session: a foreign key violation
             bad = replace(completion("bad"), session_id="nope")
             await writer.write([completion("ok-but-rolled-back"), bad])
+        with pytest.raises(sqlite3.IntegrityError):  # one row: one statement in autocommit, no BEGIN
+            await writer.write([bad])
+        with pytest.raises(sqlite3.IntegrityError):  # the same id twice: the second row fails
+            await writer.write([completion("twice"), completion("twice")])
         with pytest.raises(ValueError, match="differ in length"):
             await writer.write([replace(completion("short"), output_versions=[1])])
         await writer.write([completion("after")])
