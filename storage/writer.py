@@ -4,12 +4,15 @@
   reset...), about eight event-loop wake-ups per transaction, and a SQLAlchemy Core execute costs more
   than the one-row insert itself. `SqliteThreadWriter` runs the whole transaction in one call on a
   dedicated thread with the sqlite3 driver, on its own connection to the same file with the same
-  pragmas, and executes one INSERT written once (`SqliteInsert`) with each column's own SQLAlchemy bind
-  processor applied, so rows are stored exactly as SQLAlchemy would store them. Waiting on a lock
-  (busy_timeout) blocks that thread, never the loop.
-- Postgres (asyncpg is natively async): a Core executemany on a connection, without an ORM session.
+  pragmas. Waiting on a lock (busy_timeout) blocks that thread, never the loop.
+- Postgres: a Core insert in `engine.begin()` is a pool checkout, then BEGIN, INSERT and COMMIT, each a
+  round trip to the server, then the pool's reset. `AsyncpgWriter` keeps one connection and sends one
+  statement per transaction with the asyncpg driver: a single row in autocommit, a batch as one
+  `executemany` (atomic since asyncpg 0.22). One round trip either way.
 
-Either way a write returns only once its transaction has committed.
+Both execute one INSERT written once (`CompletionInsert`) with each column's own SQLAlchemy bind
+processor applied, so rows are stored exactly as SQLAlchemy would store them. Either way a write returns
+only once its transaction has committed.
 """
 
 from __future__ import annotations
@@ -21,19 +24,19 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import Dialect, Engine, Table, event, insert, make_url
+import asyncpg
+from sqlalchemy import Dialect, Engine, Table, event, make_url
 from sqlalchemy import create_engine as create_sync_engine
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
-from storage.engine import SQLITE_DRIVER, SessionFactory, json_text
+from storage.engine import POSTGRES_DRIVER, SQLITE_DRIVER, SessionFactory, json_text
 from storage.models import Completion
 from storage.queries import _completion_row
 from storage.records import CompletionRecord
 
 T = TypeVar("T")
 _PRAGMAS = ("busy_timeout", "synchronous", "foreign_keys")
-_INSERT = insert(cast(Table, Completion.__table__))
 
 
 class CompletionWriter(Protocol):
@@ -49,35 +52,29 @@ def completion_writer(session_factory: SessionFactory) -> CompletionWriter:
     engine: AsyncEngine = session_factory.kw["bind"]
     if engine.url.drivername == SQLITE_DRIVER:
         return SqliteThreadWriter(engine)
-    return CoreWriter(engine)
+    if engine.url.drivername == POSTGRES_DRIVER:
+        return AsyncpgWriter(engine)
+    raise ValueError(f"no completion writer for the driver {engine.url.drivername!r}")
 
 
-class CoreWriter:
-    """One Core INSERT (executemany) per transaction on the async engine."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-
-    async def write(self, records: Sequence[CompletionRecord]) -> None:
-        rows = [_completion_row(record) for record in records]
-        if rows:
-            async with self._engine.begin() as connection:
-                await connection.execute(_INSERT, rows)
-
-    async def close(self) -> None:
-        return None
+# A positional parameter marker (1-based) per DB-API paramstyle of the drivers we use.
+_MARKS: dict[str, Callable[[int], str]] = {"qmark": lambda _: "?", "numeric_dollar": lambda i: f"${i}"}
 
 
-class SqliteInsert:
-    """The completions INSERT for the sqlite3 driver, written once: its SQL, and per row the parameter
-    tuple SQLAlchemy would bind (each column's bind processor applied, Python-side defaults filled in)."""
+class CompletionInsert:
+    """The completions INSERT for a driver, written once: its SQL (the driver's positional markers), and
+    per row the parameter tuple SQLAlchemy would bind (each column's bind processor for the dialect
+    applied, Python-side defaults filled in)."""
 
     def __init__(self, dialect: Dialect) -> None:
+        mark = _MARKS.get(dialect.paramstyle)
+        if mark is None:
+            raise ValueError(f"unsupported DB-API paramstyle {dialect.paramstyle!r}")
         table = cast(Table, Completion.__table__)
         self.columns = [column.key for column in table.columns]
         self.sql = (
             f"INSERT INTO {table.name} ({', '.join(column.name for column in table.columns)}) "
-            f"VALUES ({', '.join('?' for _ in table.columns)})"
+            f"VALUES ({', '.join(mark(i) for i in range(1, len(self.columns) + 1))})"
         )
         self._processors = [
             column.type.dialect_impl(dialect).bind_processor(dialect) for column in table.columns
@@ -108,6 +105,75 @@ def _default_factory(default: ScalarElementColumnDefault | CallableColumnDefault
         return lambda: function(None)  # SQLAlchemy wraps a no-argument default to take a context
     value = default.arg
     return lambda: value
+
+
+# Pooled connections tried before a write gives up: the pool's idle ones may all have been ended.
+_CHECKOUT_ATTEMPTS = 3
+
+
+class AsyncpgWriter:
+    """One statement per transaction with the asyncpg driver, on a connection of the engine's pool that
+    the writer keeps (SQLAlchemy's connect hooks ran on it: the JSON codecs its bind processors expect).
+    Writes are serialized. A failed write is not retried here (the recorder retries a failed batch one
+    completion at a time); a connection that failed other than by the server refusing the statement
+    (lost, cancelled mid-statement) is invalidated, and the next write takes a fresh one."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._insert = CompletionInsert(engine.dialect)
+        self._connection: AsyncConnection | None = None
+        self._driver: Any = None
+        self._lock = asyncio.Lock()
+
+    async def write(self, records: Sequence[CompletionRecord]) -> None:
+        if not records:
+            return
+        statement = self._insert
+        rows = [statement.values(_completion_row(record)) for record in records]
+        async with self._lock:
+            driver = await self._driver_connection()
+            try:
+                if len(rows) == 1:  # one statement in autocommit is its own transaction
+                    await driver.execute(statement.sql, *rows[0])
+                else:
+                    await driver.executemany(statement.sql, rows)
+            except BaseException as exc:
+                # A statement the server refused leaves nothing written and the connection usable;
+                # anything else (a lost connection, a cancellation mid-statement) costs the connection.
+                if not isinstance(exc, asyncpg.PostgresError) or driver.is_closed():
+                    await asyncio.shield(self._invalidate())
+                raise
+
+    async def _driver_connection(self) -> Any:
+        """The kept connection's asyncpg driver; a new one is checked out of the pool and pinged once
+        (the pool may hold connections the server has ended; only SQLAlchemy's own executes notice)."""
+        for attempt in range(_CHECKOUT_ATTEMPTS):
+            if self._connection is not None:
+                return self._driver
+            self._connection = await self._engine.connect()
+            try:
+                self._driver = (await self._connection.get_raw_connection()).driver_connection
+                await self._driver.execute("SELECT 1")
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError):
+                await asyncio.shield(self._invalidate())
+                if attempt == _CHECKOUT_ATTEMPTS - 1:
+                    raise
+            except BaseException:
+                await asyncio.shield(self._invalidate())
+                raise
+        return self._driver
+
+    async def _invalidate(self) -> None:
+        connection, self._connection, self._driver = self._connection, None, None
+        if connection is not None:
+            await connection.invalidate()
+            await connection.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            connection, self._connection, self._driver = self._connection, None, None
+            if connection is not None:
+                await connection.close()
 
 
 class CallThread:
@@ -162,7 +228,7 @@ class SqliteThreadWriter:
     def __init__(self, engine: AsyncEngine) -> None:
         self._async_engine = engine
         self._engine: Engine | None = None
-        self._insert_sql: SqliteInsert | None = None
+        self._insert_sql: CompletionInsert | None = None
         self._thread: CallThread | None = None
         # Used only on the writer thread: kept open between transactions, as checking a connection out
         # of the pool and resetting it on return cost more than the one-row insert itself.
@@ -173,7 +239,7 @@ class SqliteThreadWriter:
             return
         if self._engine is None or self._thread is None or self._insert_sql is None:
             self._engine = await self._twin_engine()
-            self._insert_sql = SqliteInsert(self._engine.dialect)
+            self._insert_sql = CompletionInsert(self._engine.dialect)
             self._thread = CallThread("flywheel-sqlite-writer")
         statement = self._insert_sql
         rows = [statement.values(_completion_row(record)) for record in records]

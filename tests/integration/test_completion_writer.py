@@ -1,6 +1,7 @@
-"""storage/writer.py, the recorder's write path: rows land committed and readable on SQLite and Postgres;
-on SQLite the writer's own connection keeps the configured pragmas and waits for another writer's lock
-on its thread while the event loop goes on."""
+"""storage/writer.py, the recorder's write path: rows land committed and readable on SQLite and Postgres,
+stored as SQLAlchemy stores them, one failed transaction leaving nothing; a lost Postgres connection is
+replaced; on SQLite the writer's own connection keeps the configured pragmas and waits for another
+writer's lock on its thread while the event loop goes on."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
+import asyncpg
 import numpy as np
 import pytest
 from sqlalchemy import select, text
@@ -97,41 +99,92 @@ def _pragmas(engine: object) -> dict[str, int]:
                 for name in ("busy_timeout", "synchronous", "foreign_keys")}
 
 
-async def test_sqlite_writer_stores_what_sqlalchemy_stores(tmp_path: object) -> None:
-    """The writer binds values itself (storage.writer.SqliteInsert): each column must hold the very bytes
-    and types SQLAlchemy's own INSERT of the same record stores."""
+@asynccontextmanager
+async def writer_on(db_url: str) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
+    """A migrated database (`db_url`) with session s1: its engine, session factory and completion writer."""
+    engine = create_engine(StorageConfig(url=db_url))
+    factory = create_sessionmaker(engine)
+    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
+    writer = completion_writer(factory)
+    try:
+        yield engine, factory, writer
+    finally:
+        await writer.close()
+        await engine.dispose()
+
+
+async def test_the_writer_stores_what_sqlalchemy_stores(db_url: str) -> None:
+    """The writer binds values itself (storage.writer.CompletionInsert, each column's bind processor for
+    the dialect): each column must hold the very bytes and types SQLAlchemy's own INSERT of the same record
+    stores, on both databases."""
     record = replace(
         completion("x"), prompt_ids=np.array([1, 2, 2**31 - 1], dtype=np.int64),
         output_logprobs=[-0.1, -np.inf], branched=True,
-        response_json={"nul": "a\u0000b", "float": 0.1, "none": None},
+        response_json={"nul": "a\u0000b", "float": 0.1, "none": None}, parent_id=None,
     )
-    async with sqlite_writer(f"{tmp_path}/same.db") as (engine, factory, writer):
+    async with writer_on(db_url) as (engine, factory, writer):
         await record_completions(factory, [replace(record, id="by-sqlalchemy")])
         await writer.write([replace(record, id="by-writer")])
+        await writer.write([replace(record, id="by-writer-batch-1"), replace(record, id="by-writer-batch-2")])
+        sqlite = engine.dialect.name == "sqlite"
+        # Postgres's json type keeps the text as written: comparing it compares the bytes stored.
+        query = (
+            "SELECT *, typeof(created_at) FROM completions ORDER BY id" if sqlite
+            else "SELECT *, request_json::text AS request_text, response_json::text AS response_text, "
+            "pg_typeof(created_at)::text FROM completions ORDER BY id"
+        )
         async with engine.connect() as connection:
-            query = "SELECT *, typeof(created_at) FROM completions ORDER BY id"
-            rows = (await connection.exec_driver_sql(query)).all()
-    by_sqlalchemy, by_writer = (dict(row._mapping) for row in rows)
-    created = (by_sqlalchemy.pop("created_at"), by_writer.pop("created_at"))
-    assert by_sqlalchemy.pop("id") == "by-sqlalchemy" and by_writer.pop("id") == "by-writer"
-    assert by_writer == by_sqlalchemy
-    assert len(created[0]) == len(created[1]) and created[1] >= created[0]  # same text format, in order
+            rows = [dict(row._mapping) for row in (await connection.exec_driver_sql(query)).all()]
+    by_sqlalchemy = rows[0]
+    created = by_sqlalchemy.pop("created_at")
+    assert by_sqlalchemy.pop("id") == "by-sqlalchemy"
+    for written, name in zip(rows[1:], ["by-writer", "by-writer-batch-1", "by-writer-batch-2"], strict=True):
+        assert written.pop("id") == name
+        at = written.pop("created_at")
+        assert written == by_sqlalchemy
+        if sqlite:
+            assert len(at) == len(created) and at >= created  # the same text format, in order
+        else:
+            assert at.tzinfo == created.tzinfo and at >= created
 
 
-async def test_sqlite_writer_fails_one_transaction_and_goes_on(tmp_path: object) -> None:
-    async with sqlite_writer(f"{tmp_path}/fail.db") as (_engine, factory, writer):
-        with pytest.raises(sqlite3.IntegrityError):  # no such session: a foreign key violation
+async def test_the_writer_fails_one_transaction_and_goes_on(db_url: str) -> None:
+    postgres = db_url.startswith("postgresql")
+    integrity = asyncpg.IntegrityConstraintViolationError if postgres else sqlite3.IntegrityError
+    async with writer_on(db_url) as (_engine, factory, writer):
+        with pytest.raises(integrity):  # no such session: a foreign key violation
             bad = replace(completion("bad"), session_id="nope")
             await writer.write([completion("ok-but-rolled-back"), bad])
-        with pytest.raises(sqlite3.IntegrityError):  # one row: one statement in autocommit, no BEGIN
+        with pytest.raises(integrity):  # one row: one statement in autocommit, no BEGIN
             await writer.write([bad])
-        with pytest.raises(sqlite3.IntegrityError):  # the same id twice: the second row fails
+        with pytest.raises(integrity):  # the same id twice: the second row fails
             await writer.write([completion("twice"), completion("twice")])
         with pytest.raises(ValueError, match="differ in length"):
             await writer.write([replace(completion("short"), output_versions=[1])])
         await writer.write([completion("after")])
         async with factory() as db:
             assert (await db.execute(select(Completion.id))).scalars().all() == ["after"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("empty_db_url", ["postgres"], indirect=True)
+async def test_postgres_writer_replaces_a_lost_connection(db_url: str) -> None:
+    """The writer keeps one connection: when the server ends it, the write in flight fails (the recorder
+    retries it) and the next one runs on a fresh connection."""
+    async with writer_on(db_url) as (engine, factory, writer):
+        await writer.write([completion("before")])
+        async with engine.connect() as connection:  # end every other backend of this database
+            ended = await connection.exec_driver_sql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert ended.scalar_one() >= 1
+        # Which error the write in flight meets depends on when the server's goodbye arrives.
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)):
+            await writer.write([completion("lost")])
+        await writer.write([completion("after")])
+        async with factory() as db:
+            assert sorted((await db.execute(select(Completion.id))).scalars()) == ["after", "before"]
 
 
 async def test_json_columns_are_valid_json_on_both_databases(db_url: str) -> None:
