@@ -39,11 +39,14 @@ from benchmarks.overhead.load import Measurement, Target, chat_target, generate_
 from benchmarks.overhead.stacks import Server
 
 STACKS = (
-    "worker", "worker-generate", "passthrough", "passthrough-sqlite", "flywheel-sqlite", "flywheel-postgres",
+    "worker", "worker-generate", "passthrough", "passthrough-sqlite", "passthrough-postgres",
+    "flywheel-sqlite", "flywheel-postgres",
     "litellm",
 )
 BASELINE = "worker"
 FLYWHEEL = ("flywheel-sqlite", "flywheel-postgres")
+# The floor of a recording proxy on each Flywheel stack's database: a bare passthrough that commits one row.
+FLOOR = {"flywheel-sqlite": "passthrough-sqlite", "flywheel-postgres": "passthrough-postgres"}
 
 
 @dataclass
@@ -138,6 +141,12 @@ def _stack(run: Run, name: str, worker: Server, logs: Path) -> None:
             with stacks.passthrough(logs, worker.url, f"{scratch}/calls.db") as server:
                 answered = _sweep(run, name, server, worker, chat(server))
             run.recorded[name] = {"answered": answered, "recorded": _count_calls(f"{scratch}/calls.db")}
+    elif name == "passthrough-postgres":  # the same floor on Postgres
+        with stacks.postgres_database() as db_url:
+            plain_url = db_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+            with stacks.passthrough(logs, worker.url, postgres_url=plain_url) as server:
+                answered = _sweep(run, name, server, worker, chat(server))
+            run.recorded[name] = {"answered": answered, "recorded": stacks.count_rows(plain_url, "calls")}
     elif name == "litellm":
         with stacks.litellm_proxy(logs, worker.url) as server:
             _sweep(run, name, server, worker, chat(server))
@@ -193,14 +202,14 @@ def verdicts(run: Run) -> list[dict[str, object]]:
                         "met": one.p50_added_ms <= 1.0,
                     }
                 )
-                floor = _row(run, "passthrough-sqlite", stream, 1)
+                floor = _row(run, FLOOR[stack], stream, 1)
                 if floor is not None and not math.isnan(floor.p50_added_ms):
                     # Machines differ by 2x here; what Flywheel adds over the floor travels between them.
                     out.append(
                         {
                             "stack": stack,
                             "mode": mode,
-                            "target": "p50 added @1 client beyond passthrough-sqlite's (reference)",
+                            "target": f"p50 added @1 client beyond {FLOOR[stack]}'s (reference)",
                             "value": round(one.p50_added_ms - floor.p50_added_ms, 3),
                             "met": None,
                         }
@@ -258,6 +267,8 @@ def markdown(run: Run) -> str:
         "- passthrough-sqlite: the bare passthrough that also commits one SQLite row per request (its "
         "body and answer, one transaction on a writer thread) before the answer ends: the floor of a "
         "recording Python proxy, shown for reference (no target).",
+        "- passthrough-postgres: the same with the row committed to Postgres (one INSERT in autocommit "
+        "per request on an asyncpg pool), the floor of a Python proxy that records there.",
     ]
     for name, counts in run.recorded.items():
         verdict = "" if counts["answered"] == counts["recorded"] else " MISMATCH: answers lost or unrecorded"

@@ -6,8 +6,11 @@ With `--sqlite PATH` it is the floor of a proxy that records (DESIGN.md 7b's "sa
 request"): each request and its answer are inserted as one row (sqlite3, WAL, synchronous=NORMAL, on one
 writer thread, one transaction per request) and committed before the answer ends (a stream's last piece
 is held back until then), as Flywheel records before it answers. Still no parsing and no auth.
+With `--postgres URL` the row goes to Postgres instead: one INSERT in autocommit per request on a pool
+of asyncpg connections, the floor of a proxy that records there.
 
-    python -m benchmarks.overhead.passthrough --port 8100 --upstream http://127.0.0.1:30000 [--sqlite F]
+    python -m benchmarks.overhead.passthrough --port 8100 --upstream http://127.0.0.1:30000
+        [--sqlite FILE | --postgres postgresql://...]
 """
 
 from __future__ import annotations
@@ -17,16 +20,26 @@ import asyncio
 import sqlite3
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import aiohttp
+import asyncpg
 from aiohttp import web
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
 
 
+class CallRecorder(Protocol):
+    async def record(self, request: bytes, response: bytes) -> None:
+        """Insert and commit one row holding the request and its whole answer."""
+
+    async def count(self) -> int:
+        """The rows committed so far."""
+
+
 class RowRecorder:
-    """One row per request, inserted and committed on one writer thread."""
+    """One row per request in SQLite, inserted and committed on one writer thread."""
 
     def __init__(self, path: str) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="passthrough-sqlite")
@@ -45,11 +58,38 @@ class RowRecorder:
         self._connection.execute("INSERT INTO calls VALUES (?, ?, ?)", (uuid.uuid4().hex, request, response))
         self._connection.execute("COMMIT")
 
-    def count(self) -> int:
+    async def count(self) -> int:
         return int(self._connection.execute("SELECT count(*) FROM calls").fetchone()[0])
 
 
-RECORDER: web.AppKey[RowRecorder | None] = web.AppKey("recorder")
+class PostgresRowRecorder:
+    """One row per request in Postgres: one INSERT in autocommit (one round trip) on a pool of asyncpg
+    connections, opened and closed with the app."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        self._pool = await asyncpg.create_pool(self._url, min_size=1, max_size=8)
+        await self._pool.execute(
+            "CREATE TABLE IF NOT EXISTS calls (id text PRIMARY KEY, request bytea, response bytea)"
+        )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def record(self, request: bytes, response: bytes) -> None:
+        assert self._pool is not None, "the recorder opens with the app"
+        await self._pool.execute("INSERT INTO calls VALUES ($1, $2, $3)", uuid.uuid4().hex, request, response)
+
+    async def count(self) -> int:
+        assert self._pool is not None, "the recorder opens with the app"
+        return int(await self._pool.fetchval("SELECT count(*) FROM calls"))
+
+
+RECORDER: web.AppKey[CallRecorder | None] = web.AppKey("recorder")
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -86,14 +126,23 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def build_app(upstream: str, sqlite_path: str | None = None) -> web.Application:
+def build_app(
+    upstream: str, sqlite_path: str | None = None, postgres_url: str | None = None
+) -> web.Application:
+    if sqlite_path and postgres_url:
+        raise ValueError("record to SQLite or to Postgres, not both")
     app = web.Application()
     app[UPSTREAM] = upstream.rstrip("/")
-    app[RECORDER] = RowRecorder(sqlite_path) if sqlite_path else None
+    postgres = PostgresRowRecorder(postgres_url) if postgres_url else None
+    app[RECORDER] = RowRecorder(sqlite_path) if sqlite_path else postgres
 
     async def session(app: web.Application):  # type: ignore[no-untyped-def]
         app[HTTP] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if postgres is not None:
+            await postgres.open()
         yield
+        if postgres is not None:
+            await postgres.close()
         await app[HTTP].close()
 
     app.cleanup_ctx.append(session)
@@ -106,10 +155,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
-    parser.add_argument("--sqlite", default=None, help="record one row per request in this SQLite file")
+    recording = parser.add_mutually_exclusive_group()
+    recording.add_argument("--sqlite", default=None, help="record one row per request in this SQLite file")
+    recording.add_argument("--postgres", default=None, help="record one row per request in this database")
     args = parser.parse_args()
     web.run_app(
-        build_app(args.upstream, args.sqlite),
+        build_app(args.upstream, args.sqlite, args.postgres),
         host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=4096,
     )
 

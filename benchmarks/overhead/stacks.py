@@ -123,22 +123,35 @@ def worker(logs: Path) -> Iterator[Server]:
 
 
 @contextmanager
-def passthrough(logs: Path, upstream: str, sqlite_path: str | None = None) -> Iterator[Server]:
-    """The bare passthrough; with `sqlite_path`, the one that records a row per request there."""
+def passthrough(
+    logs: Path, upstream: str, sqlite_path: str | None = None, postgres_url: str | None = None
+) -> Iterator[Server]:
+    """The bare passthrough; with `sqlite_path` or `postgres_url` (asyncpg's form), the one that
+    records a row per request there."""
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "benchmarks.overhead.passthrough",
-        "--port",
-        str(port),
-        "--upstream",
-        upstream,
-        *(["--sqlite", sqlite_path] if sqlite_path else []),
-    ]
-    log = logs / ("passthrough-sqlite.log" if sqlite_path else "passthrough.log")
-    with process(argv, f"http://127.0.0.1:{port}/health", log, timeout_s=60) as proc:
+    argv = [sys.executable, "-m", "benchmarks.overhead.passthrough", "--port", str(port)]
+    argv += ["--upstream", upstream]
+    name = "passthrough"
+    if sqlite_path:
+        argv, name = [*argv, "--sqlite", sqlite_path], "passthrough-sqlite"
+    elif postgres_url:
+        argv, name = [*argv, "--postgres", postgres_url], "passthrough-postgres"
+    with process(argv, f"http://127.0.0.1:{port}/health", logs / f"{name}.log", timeout_s=60) as proc:
         yield Server(f"http://127.0.0.1:{port}", proc.pid)
+
+
+def count_rows(asyncpg_url: str, table: str) -> int:
+    """The rows of `table` in a Postgres database (asyncpg's URL form)."""
+    import asyncpg
+
+    async def count() -> int:
+        connection = await asyncpg.connect(asyncpg_url)
+        try:
+            return int(await connection.fetchval(f"SELECT count(*) FROM {table}"))
+        finally:
+            await connection.close()
+
+    return asyncio.run(count())
 
 
 # ---- Flywheel ------------------------------------------------------------------------------------------

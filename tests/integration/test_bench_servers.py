@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import openai
 import pytest
 from aiohttp import web
@@ -69,12 +70,17 @@ async def test_passthrough_relays_sglang_generate_streams(urls: tuple[str, str])
     assert len(bodies[0]) == len(bodies[1])  # same shape (rids differ)
 
 
-async def test_recording_passthrough_relays_and_records_every_call(tmp_path: Path) -> None:
-    """passthrough --sqlite (the benchmark's floor for a recording proxy): the same answers, streamed
-    and not, and one committed row per call, holding the request and the whole answer."""
+async def test_recording_passthrough_relays_and_records_every_call(empty_db_url: str, tmp_path: Path) -> None:
+    """passthrough --sqlite / --postgres (the benchmark's floors for a recording proxy): the same answers,
+    streamed and not, and one committed row per call, holding the request and the whole answer."""
+    postgres_url = empty_db_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    on_postgres = postgres_url != empty_db_url
     worker = BenchWorker()
     worker_url = await worker.start()
-    app = build_app(worker_url, str(tmp_path / "calls.db"))
+    if on_postgres:
+        app = build_app(worker_url, postgres_url=postgres_url)
+    else:
+        app = build_app(worker_url, str(tmp_path / "calls.db"))
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port("127.0.0.1")
@@ -88,8 +94,15 @@ async def test_recording_passthrough_relays_and_records_every_call(tmp_path: Pat
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert streamed == reply.choices[0].message.content and len(streamed) == 5
         recorder = app[RECORDER]
-        assert recorder is not None and recorder.count() == 2
-        rows = sqlite3.connect(tmp_path / "calls.db").execute("SELECT response FROM calls").fetchall()
+        assert recorder is not None and await recorder.count() == 2
+        if on_postgres:
+            connection = await asyncpg.connect(postgres_url)
+            try:
+                rows = await connection.fetch("SELECT response FROM calls")
+            finally:
+                await connection.close()
+        else:
+            rows = sqlite3.connect(tmp_path / "calls.db").execute("SELECT response FROM calls").fetchall()
         assert any(b"data: [DONE]" in row[0] for row in rows)  # the stream's whole answer, last piece too
     finally:
         await client.close()
