@@ -20,7 +20,8 @@ def engine_url(tiny_model_dir) -> Iterator[str]:
 
 
 def ok(url: str) -> None:
-    answer = httpx.post(f"{url}/generate", json=sampled(max_new_tokens=3), timeout=30)
+    # ignore_eos: the tiny model samples EOS now and then (1 token instead of 3, seen once in CI).
+    answer = httpx.post(f"{url}/generate", json=sampled(max_new_tokens=3, ignore_eos=True), timeout=30)
     assert answer.status_code == 200 and answer.json()["meta_info"]["completion_tokens"] == 3
 
 
