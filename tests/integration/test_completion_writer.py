@@ -58,11 +58,9 @@ async def test_written_rows_read_back_exactly(db_url: str) -> None:
 
 
 @asynccontextmanager
-async def sqlite_writer(path: str, **storage: Any) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
-    """A migrated SQLite file with session s1, its engine, session factory and completion writer."""
-    url = f"sqlite+aiosqlite:///{path}"
-    await asyncio.to_thread(upgrade, url)
-    engine = create_engine(StorageConfig(url=url, **storage))
+async def writer_on(db_url: str, **storage: Any) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
+    """A migrated database (`db_url`) with session s1: its engine, session factory and completion writer."""
+    engine = create_engine(StorageConfig(url=db_url, **storage))
     factory = create_sessionmaker(engine)
     await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
     writer = completion_writer(factory)
@@ -71,6 +69,15 @@ async def sqlite_writer(path: str, **storage: Any) -> AsyncIterator[tuple[AsyncE
     finally:
         await writer.close()
         await engine.dispose()
+
+
+@asynccontextmanager
+async def sqlite_writer(path: str, **storage: Any) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
+    """`writer_on` a SQLite file migrated here."""
+    url = f"sqlite+aiosqlite:///{path}"
+    await asyncio.to_thread(upgrade, url)
+    async with writer_on(url, **storage) as opened:
+        yield opened
 
 
 async def test_sqlite_writer_keeps_pragmas_and_waits_for_the_lock_off_the_loop(tmp_path: object) -> None:
@@ -97,20 +104,6 @@ def _pragmas(engine: object) -> dict[str, int]:
     with engine.connect() as connection:  # type: ignore[attr-defined]
         return {name: int(connection.execute(text(f"PRAGMA {name}")).scalar_one())
                 for name in ("busy_timeout", "synchronous", "foreign_keys")}
-
-
-@asynccontextmanager
-async def writer_on(db_url: str) -> AsyncIterator[tuple[AsyncEngine, SessionFactory, Any]]:
-    """A migrated database (`db_url`) with session s1: its engine, session factory and completion writer."""
-    engine = create_engine(StorageConfig(url=db_url))
-    factory = create_sessionmaker(engine)
-    await create_session(factory, SessionRecord(id="s1", key_hash="0" * 64))
-    writer = completion_writer(factory)
-    try:
-        yield engine, factory, writer
-    finally:
-        await writer.close()
-        await engine.dispose()
 
 
 async def test_the_writer_stores_what_sqlalchemy_stores(db_url: str) -> None:
