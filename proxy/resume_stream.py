@@ -114,7 +114,10 @@ class ResumingStream:
             received = False
             try:
                 with self._balancer.lease(worker, session_id):
-                    opened = cast(Chunks, worker.client.generate_stream(request))
+                    # Chunks that queued up are skipped (only the newest of each counts), except
+                    # where a stop string may straddle the boundary: its end is found chunk by chunk.
+                    coalesce = index is None or not self._stops
+                    opened = cast(Chunks, worker.client.generate_stream(request, coalesce=coalesce))
                     async with contextlib.aclosing(opened) as stream:
                         async for raw in stream:
                             received = True

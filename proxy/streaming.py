@@ -1,5 +1,6 @@
 """Real streaming: relay a worker's cumulative `/generate` stream to the client as OpenAI chunks, token by
-token as they arrive, and record the completion when the stream ends.
+token as they arrive, and record the completion when the stream ends. Chunks that queued up unread (the
+proxy fell behind the worker) go out as one delta: the newest cumulative chunk holds them all.
 
 The worker is read by its own task, not by the response body: when the client drops the stream, the
 body generator is cancelled, the task's reading is stopped (closing the worker connection aborts the

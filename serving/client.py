@@ -44,6 +44,7 @@ from serving.protocol import (
     SamplingParams,
     encode_generate_body,
     error_message,
+    iter_sse_batches,
     iter_sse_data,
 )
 from serving.retry import retry_with_backoff
@@ -165,13 +166,19 @@ class SGLangClient:
             return result
         raise WorkerProtocolError(f"/generate answered {type(result).__name__}", url=self.base_url)
 
-    async def generate_stream(self, request: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate_stream(
+        self, request: GenerateInput, *, coalesce: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
         """`POST /generate` with `stream: true`: yield each SSE chunk as a dict until `data: [DONE]`.
 
         Chunks are cumulative (each holds the whole output so far; with n > 1 each carries its
-        `index`), so the last chunk of a sample is its complete answer. An `{"error": ...}` chunk
-        raises WorkerBadRequest/WorkerHTTPError. Leaving the loop early closes the connection, which
-        makes SGLang abort the request; use `contextlib.aclosing` to do that promptly.
+        `index`), so the last chunk of a sample is its complete answer. With `coalesce`, of the chunks
+        that arrived in one read only the newest of each sample is yielded (as SGLang's own tokenizer
+        manager does with outputs that queued up): a reader that fell behind the worker catches up in
+        one step instead of relaying chunks already superseded. An `{"error": ...}` chunk raises
+        WorkerBadRequest/WorkerHTTPError (after the chunks before it). Leaving the loop early closes
+        the connection, which makes SGLang abort the request; use `contextlib.aclosing` to do that
+        promptly.
         """
         body = encode_generate_body(request, stream=True)
         response = await self._open_stream("/generate", body)
@@ -179,27 +186,42 @@ class SGLangClient:
         # Closed here, not left to the garbage collector: an async generator dropped mid-iteration is
         # closed through the loop's finalizer hook, a call_soon_threadsafe (an eventfd write and a
         # wake-up) and one more task for every streamed request.
-        events = iter_sse_data(response.content)
+        batches = iter_sse_batches(response.content)
         try:
-            async for data in events:
-                if data == b"[DONE]":
-                    finished = True
+            async for batch in batches:
+                newest: dict[Any, dict[str, Any]] = {}
+                for data in batch:
+                    if data == b"[DONE]":
+                        finished = True
+                        break
+                    chunk = self._stream_chunk(data)
+                    if "error" in chunk:
+                        for earlier in newest.values():
+                            yield earlier
+                        raise self._stream_error(chunk["error"])
+                    if coalesce:
+                        newest[chunk.get("index")] = chunk
+                    else:
+                        yield chunk
+                for chunk in newest.values():
+                    yield chunk
+                if finished:
                     return
-                chunk = self._decode(data, "/generate stream")
-                if not isinstance(chunk, dict):
-                    raise WorkerProtocolError(f"stream chunk is {type(chunk).__name__}", url=self.base_url)
-                if "error" in chunk:
-                    raise self._stream_error(chunk["error"])
-                yield chunk
             raise WorkerProtocolError("stream ended without data: [DONE]", url=self.base_url)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _map_client_error(exc, self.base_url, "/generate") from exc
         finally:
-            await events.aclose()
+            await batches.aclose()
             if finished:
                 response.release()
             else:
                 response.close()
+
+    def _stream_chunk(self, data: bytes) -> dict[str, Any]:
+        chunk = self._decode(data, "/generate stream")
+        if not isinstance(chunk, dict):
+            raise WorkerProtocolError(f"stream chunk is {type(chunk).__name__}", url=self.base_url)
+        return chunk
 
     async def _open_stream(self, path: str, body: bytes) -> aiohttp.ClientResponse:
         url = self._url(path)

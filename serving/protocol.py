@@ -129,10 +129,19 @@ def _sse_data(event: bytes) -> bytes | None:
 async def iter_sse_data(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
     """Yield the data of each SSE event. Handles events of any size (cumulative chunks grow with the
     output, past aiohttp's readline limit), split across reads arbitrarily."""
+    async for batch in iter_sse_batches(content):
+        for data in batch:
+            yield data
+
+
+async def iter_sse_batches(content: aiohttp.StreamReader) -> AsyncGenerator[list[bytes], None]:
+    """The data of the SSE events, a list per read of the stream: the events that arrived together
+    (never empty; an event split across reads comes with the read that completes it)."""
     buffer = bytearray()
     scan_from = 0
     async for chunk in content.iter_any():
         buffer += chunk
+        batch = []
         while True:
             end = buffer.find(b"\n\n", scan_from)
             if end < 0:
@@ -142,9 +151,11 @@ async def iter_sse_data(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, 
             del buffer[: end + 2]
             scan_from = 0
             if data is not None:
-                yield data
+                batch.append(data)
+        if batch:
+            yield batch
     tail = bytes(buffer).strip()
     if tail:
         data = _sse_data(tail)
         if data is not None:
-            yield data
+            yield [data]

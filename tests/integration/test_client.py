@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -408,6 +409,25 @@ async def odd_server() -> AsyncIterator[str]:
         await response.write(b"data: [DONE]\n\n")
         return response
 
+    async def burst(request: web.Request) -> web.StreamResponse:
+        """Two samples' cumulative chunks, all in one write (as a reader that fell behind finds them),
+        then [DONE] in another."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"".join(b"data: " + msgspec.json.encode(chunk) + b"\n\n" for chunk in BURST))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def burst_error(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(
+            b'data: {"text": "a", "output_ids": [5], "meta_info": {}}\n\n'
+            b'data: {"text": "ab", "output_ids": [5, 6], "meta_info": {}}\n\n'
+            b'data: {"error": {"message": "scheduler died", "code": 500}}\n\n'
+        )
+        return response
+
     async def no_done(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -422,6 +442,8 @@ async def odd_server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/error_chunk/generate", error_chunk)
+    app.router.add_post("/burst/generate", burst)
+    app.router.add_post("/burst_error/generate", burst_error)
     app.router.add_post("/no_done/generate", no_done)
     app.router.add_post("/not_json/generate", not_json)
     app.router.add_post("/server_error/generate", server_error)
@@ -441,6 +463,43 @@ async def test_stream_error_chunk_raises(odd_server: str) -> None:
             async for chunk in client.generate_stream(request()):
                 seen.append(chunk)
         assert [chunk["output_ids"] for chunk in seen] == [[5]]
+
+
+def _sample_chunk(index: int, output_ids: list[int], finished: bool = False) -> dict[str, Any]:
+    meta = {"id": f"rid-{index}", "finish_reason": {"type": "length", "length": 3} if finished else None}
+    return {"index": index, "text": "x" * len(output_ids), "output_ids": output_ids, "meta_info": meta}
+
+
+BURST = [
+    _sample_chunk(0, [1]), _sample_chunk(1, [7]), _sample_chunk(0, [1, 2]),
+    _sample_chunk(1, [7, 8]), _sample_chunk(1, [7, 8, 9], finished=True), _sample_chunk(0, [1, 2, 3], True),
+]
+
+
+async def test_a_coalesced_stream_yields_the_newest_chunk_of_each_sample_per_read(odd_server: str) -> None:
+    async with SGLangClient(f"{odd_server}/burst", FAST_RETRY) as client:
+        every = [chunk async for chunk in client.generate_stream(request(n=2))]
+        newest = [chunk async for chunk in client.generate_stream(request(n=2), coalesce=True)]
+    assert every == BURST
+    # In the order each sample first appeared; each sample's newest chunk is its whole answer.
+    assert newest == [BURST[5], BURST[4]]
+
+
+async def test_a_coalesced_stream_yields_what_came_before_an_error_chunk(odd_server: str) -> None:
+    async with SGLangClient(f"{odd_server}/burst_error", FAST_RETRY) as client:
+        seen = []
+        with pytest.raises(WorkerHTTPError, match="scheduler died"):
+            async for chunk in client.generate_stream(request(), coalesce=True):
+                seen.append(chunk)
+    assert [chunk["output_ids"] for chunk in seen] == [[5, 6]]
+
+
+async def test_a_coalesced_stream_that_keeps_up_yields_every_chunk() -> None:
+    """Chunks that arrive one by one are each relayed: coalescing drops only chunks already superseded
+    when they are read."""
+    async with ScriptedWorker(token_delay_s=0.02) as slow, SGLangClient(slow.url, FAST_RETRY) as client:
+        chunks = [chunk async for chunk in client.generate_stream(request(max_new_tokens=4), coalesce=True)]
+    assert [len(chunk["output_ids"]) for chunk in chunks] == [1, 2, 3, 4]
 
 
 async def test_malformed_answers_raise_protocol_errors(odd_server: str) -> None:
