@@ -107,6 +107,9 @@ class ResumingStream:
         chunk is held back (the caller resumes that choice). Fails over while nothing was received; a
         worker lost after that just ends the relay (the caller resumes what is unfinished)."""
         session_id = self._plan.session_id
+        # Chunks that queued up are skipped (only the newest of each counts), except where a stop
+        # string may straddle the resume boundary: its end is found chunk by chunk.
+        coalesce = index is None or not self._stops
         for worker in self._balancer.candidates(session_id):
             if worker in self._lost:
                 continue
@@ -114,9 +117,6 @@ class ResumingStream:
             received = False
             try:
                 with self._balancer.lease(worker, session_id):
-                    # Chunks that queued up are skipped (only the newest of each counts), except
-                    # where a stop string may straddle the boundary: its end is found chunk by chunk.
-                    coalesce = index is None or not self._stops
                     opened = cast(Chunks, worker.client.generate_stream(request, coalesce=coalesce))
                     async with contextlib.aclosing(opened) as stream:
                         async for raw in stream:

@@ -147,21 +147,22 @@ class AsyncpgWriter:
     async def _driver_connection(self) -> Any:
         """The kept connection's asyncpg driver; a new one is checked out of the pool and pinged once
         (the pool may hold connections the server has ended; only SQLAlchemy's own executes notice)."""
-        for attempt in range(_CHECKOUT_ATTEMPTS):
-            if self._connection is not None:
-                return self._driver
+        if self._connection is not None:
+            return self._driver
+        for attempt in range(1, _CHECKOUT_ATTEMPTS + 1):
             self._connection = await self._engine.connect()
             try:
                 self._driver = (await self._connection.get_raw_connection()).driver_connection
                 await self._driver.execute("SELECT 1")
+                return self._driver
             except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError):
                 await asyncio.shield(self._invalidate())
-                if attempt == _CHECKOUT_ATTEMPTS - 1:
+                if attempt == _CHECKOUT_ATTEMPTS:
                     raise
             except BaseException:
                 await asyncio.shield(self._invalidate())
                 raise
-        return self._driver
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _invalidate(self) -> None:
         connection, self._connection, self._driver = self._connection, None, None
