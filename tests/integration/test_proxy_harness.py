@@ -166,11 +166,13 @@ def scripted_fixture(servers: LoopThread) -> Iterator[ScriptedWorker]:
 
 
 def install_script(
-    model_dir: Path, reply: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, reply: Callable[[str], str] | Callable[[str, int], str], monkeypatch: pytest.MonkeyPatch,
+    per_sample: bool = False,
 ) -> TextScript:
-    """A scripted worker that writes `reply(prompt text)` in the tokens of the model in `model_dir`
-    (pass the script to `start_scripted` as its token function, as the `worker` fixture does)."""
-    script = TextScript(model_dir, reply)
+    """A scripted worker that writes `reply(prompt text)` (with `per_sample`, `reply(prompt text, sample
+    index)`) in the tokens of the model in `model_dir` (pass the script to `start_scripted` as its token
+    function, as the `worker` fixture does)."""
+    script = TextScript(model_dir, reply, per_sample)
     monkeypatch.setattr(scripted_worker, "token_text", script.text)
     return script
 

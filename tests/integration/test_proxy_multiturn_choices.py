@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
     Proxy,
     ProxyFactory,
-    proxies_fixture,
+    install_script,
     run_db,
     servers_fixture,
+    worker_fixture,
 )
 from tests.integration.test_proxy_multiturn import (
     _reward_end_finalize,
@@ -27,7 +27,6 @@ from tests.integration.test_proxy_multiturn import (
     session_completions,
 )
 from tests.integration.test_proxy_tools import assemble_stream
-from tests.support import scripted_worker
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -43,16 +42,7 @@ def reply(prompt: str, index: int) -> str:
 
 @pytest.fixture(name="script")
 def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    script = TextScript(tiny_model_dir, reply, per_sample=True)
-    monkeypatch.setattr(scripted_worker, "token_text", script.text)
-    return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
+    return install_script(tiny_model_dir, reply, monkeypatch, per_sample=True)
 
 
 @pytest.fixture(name="proxy")
