@@ -14,8 +14,9 @@ process. Added latency = the stack's percentile minus the worker's own at the sa
 Every Flywheel answer is checked to be a recorded completion. Targets (issue 4): p50 added <= 1 ms at 1
 client; at 16 clients >= 10x LiteLLM's and >= 30% of the passthrough's requests/s.
 
-After the sweep, the latency rounds (benchmarks/overhead/rounds.py) measure every proxy but LiteLLM again
-at 1 client, each round with every server started afresh; the 1-client target is judged on their median.
+After the sweep, the rounds (benchmarks/overhead/rounds.py) measure every proxy but LiteLLM again at 1 and
+16 clients, each round with every server started afresh; the 1-client target and the share of the
+passthrough's requests/s are judged on their medians (LiteLLM's, far off, on the sweep).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.overhead import stacks
 from benchmarks.overhead.load import Measurement, Target, chat_target, generate_target, measure
 from benchmarks.overhead.report import BASELINE, Row, Run, add_baselines, markdown, verdicts
-from benchmarks.overhead.rounds import MODES, latency_rounds
+from benchmarks.overhead.rounds import MODES, Cell, latency_rounds
 from benchmarks.overhead.stacks import Server
 
 STACKS = (
@@ -183,10 +184,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny", help="whose tokenizer and chat template Flywheel uses")
     parser.add_argument(
         "--rounds", type=int, default=None,
-        help="latency rounds at 1 client, every server started afresh each round (default 5; 0: none)",
+        help="rounds at 1 and 16 clients, every server started afresh each round (default 5; 0: none)",
     )
     parser.add_argument(
-        "--round-seconds", type=float, default=None, help="measured seconds per round and mode (default 3)"
+        "--round-seconds", type=float, default=None,
+        help="measured seconds per round, mode and concurrency (default 3)",
+    )
+    parser.add_argument(
+        "--round-clients", default="1,16", help="concurrency levels the rounds measure (default 1,16)"
     )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/proxy_overhead.json"))
     args = parser.parse_args(argv)
@@ -197,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
     args.clients = [int(c) for c in (args.clients or ("1,16" if args.quick else "1,16,64")).split(",")]
+    args.round_clients = sorted({1, *(int(c) for c in args.round_clients.split(","))})
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(args.only) - set(STACKS))
     if unknown:
@@ -213,34 +219,38 @@ def _logs() -> Iterator[Path]:
 
 
 def _rounds(run: Run, logs: Path) -> None:
-    """The latency rounds (benchmarks/overhead/rounds.py) over the proxies measured, LiteLLM aside (its
+    """The rounds (benchmarks/overhead/rounds.py) over the proxies measured, LiteLLM aside (its
     ~10 ms is no close call, and it takes the longest to start)."""
     args = run.args
     names = [name for name in args.only if name not in (BASELINE, "worker-generate", "litellm")]
     if not args.rounds or not names:
         return
 
-    def measure_stack(started: Started) -> dict[bool, tuple[float, int]]:
+    def measure_stack(started: Started, clients: Sequence[int]) -> dict[tuple[bool, int], Cell]:
         for stream in MODES:  # a fresh server's one-off costs, as in the sweep
             started.answered += measure(started.target(stream), 1, 0.0, args.warmup, stream).total_ok
         out = {}
         for stream in MODES:
-            result = measure(started.target(stream), 1, args.round_seconds, args.warmup / 2, stream)
-            started.answered += result.total_ok
-            out[stream] = (result.percentile(50), result.errors)
+            for concurrency in clients:
+                result = measure(
+                    started.target(stream), concurrency, args.round_seconds, args.warmup / 2, stream
+                )
+                started.answered += result.total_ok
+                out[stream, concurrency] = Cell(result.percentile(50), result.rate, result.errors)
         return out
 
-    print(f"latency rounds at 1 client ({args.rounds}):", flush=True)
+    print(f"rounds ({args.rounds}, at {', '.join(map(str, args.round_clients))} clients):", flush=True)
     run.load.append(f"before the rounds: {_uptime()}")
     cells = latency_rounds(
         names, args.rounds, lambda: stacks.worker(logs),
-        lambda name, worker: _started(run, name, worker, logs), measure_stack,
+        lambda name, worker: _started(run, name, worker, logs), measure_stack, args.round_clients,
     )
     for cell in cells:
         run.rounds.append(cell)
         print(
-            f"  round {cell.round} {cell.stack:<20} stream={cell.stream!s:<5} p50 {cell.p50_ms:6.3f} ms  "
-            f"added {cell.added_ms:+.3f} ms  errors {cell.errors}",
+            f"  round {cell.round} {cell.stack:<20} stream={cell.stream!s:<5} clients={cell.clients:<3} "
+            f"{cell.rate:8.0f} req/s  p50 {cell.p50_ms:6.3f} ms  added {cell.added_ms:+.3f} ms  "
+            f"errors {cell.errors}",
             flush=True,
         )
 
@@ -279,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                     "cpus": os.cpu_count(),
                     "rounds": args.rounds,
                     "round_seconds": args.round_seconds,
+                    "round_clients": args.round_clients,
                 },
                 "rows": [
                     {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(r).items()}

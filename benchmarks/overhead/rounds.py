@@ -1,4 +1,4 @@
-"""Added latency at 1 client, measured in rounds.
+"""Added latency at 1 client (and requests/s at more), measured in rounds.
 
 One cell per stack measures one process of it over one stretch of time, and on these shared 2-core
 machines both move the p50 at 1 client. Two processes of the same proxy code, measured in alternation
@@ -12,6 +12,10 @@ So each round starts every server afresh: a new worker, measured directly, then 
 minus the mean of the worker's two p50s in that round, and the figure is the median over rounds; what a
 stack adds beyond its floor is the median of their differences round by round, both measured in front of
 the same worker minutes apart at most.
+
+A process's luck moves its throughput as well (the same proxy, restarted eight times, did 2,010 to 3,007
+requests/s at 16 clients), so the rounds also measure each stack at more clients when asked; a stack's
+share of another's requests/s is then the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -30,8 +34,18 @@ MODES = (False, True)  # non-streaming, streaming
 
 
 @dataclass(frozen=True)
+class Cell:
+    """What one measurement of a started stack gave."""
+
+    p50_ms: float
+    rate: float
+    errors: int = 0
+
+
+@dataclass(frozen=True)
 class RoundCell:
-    """One stack's p50 at 1 client in one round and mode, with the worker's own p50 of that round."""
+    """One stack's p50 and requests/s in one round, mode and concurrency; at 1 client with the worker's
+    own p50 of that round (the baseline of its added latency; NaN at other concurrencies)."""
 
     stack: str
     stream: bool
@@ -39,6 +53,8 @@ class RoundCell:
     p50_ms: float
     baseline_ms: float
     errors: int = 0
+    clients: int = 1
+    rate: float = math.nan
 
     @property
     def added_ms(self) -> float:
@@ -58,30 +74,49 @@ def latency_rounds(
     rounds: int,
     start_worker: Callable[[], AbstractContextManager[W]],
     start: Callable[[str, W], AbstractContextManager[S]],
-    measure_stack: Callable[[S], dict[bool, tuple[float, int]]],
+    measure_stack: Callable[[S, Sequence[int]], dict[tuple[bool, int], Cell]],
+    clients: Sequence[int] = (1,),
     baseline: str = "worker",
 ) -> Iterator[RoundCell]:
     """Run `rounds` rounds over the stacks `names`, yielding each round's cells as it ends.
-    `measure_stack` warms a started stack up and gives its (p50 ms, errors) per mode at 1 client."""
+    `measure_stack(started, clients)` warms a started stack up and measures it per mode and concurrency
+    (the baseline at 1 client only)."""
     for index in range(rounds):
         with start_worker() as worker:
             with start(baseline, worker) as direct:
-                before = measure_stack(direct)
+                before = measure_stack(direct, (1,))
             measured = {}
             for name in rotated(names, index):
                 with start(name, worker) as started:
-                    measured[name] = measure_stack(started)
+                    measured[name] = measure_stack(started, clients)
             with start(baseline, worker) as direct:
-                after = measure_stack(direct)
+                after = measure_stack(direct, (1,))
         for name in names:
             for stream in MODES:
-                p50, errors = measured[name][stream]
-                base = (before[stream][0] + after[stream][0]) / 2
-                yield RoundCell(name, stream, index, p50, base, errors)
+                base = (before[stream, 1].p50_ms + after[stream, 1].p50_ms) / 2
+                for concurrency in clients:
+                    cell = measured[name][stream, concurrency]
+                    yield RoundCell(
+                        name, stream, index, cell.p50_ms, base if concurrency == 1 else math.nan,
+                        cell.errors, concurrency, cell.rate,
+                    )
 
 
-def _of(cells: Sequence[RoundCell], stack: str, stream: bool) -> dict[int, RoundCell]:
-    return {c.round: c for c in cells if c.stack == stack and c.stream == stream}
+def _of(cells: Sequence[RoundCell], stack: str, stream: bool, clients: int = 1) -> dict[int, RoundCell]:
+    return {c.round: c for c in cells if c.stack == stack and c.stream == stream and c.clients == clients}
+
+
+def median_ratio(cells: Sequence[RoundCell], stack: str, reference: str, stream: bool, clients: int) -> float:
+    """The median over rounds of `stack`'s requests/s over `reference`'s in the same round."""
+    ours, theirs = _of(cells, stack, stream, clients), _of(cells, reference, stream, clients)
+    values = [ours[r].rate / theirs[r].rate for r in sorted(ours.keys() & theirs.keys()) if theirs[r].rate]
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def median_rate(cells: Sequence[RoundCell], stack: str, stream: bool, clients: int) -> float:
+    values = [c.rate for c in _of(cells, stack, stream, clients).values() if not math.isnan(c.rate)]
+    return statistics.median(values) if values else math.nan
 
 
 def median_added(cells: Sequence[RoundCell], stack: str, stream: bool) -> float:
@@ -104,15 +139,17 @@ def spread(cells: Sequence[RoundCell], stack: str, stream: bool) -> tuple[float,
     return (min(values), max(values)) if values else (math.nan, math.nan)
 
 
-def rounds_markdown(cells: Sequence[RoundCell], floors: dict[str, str]) -> list[str]:
-    """The rounds as table lines: per stack and mode, the median added latency, its range, and (where
-    `floors` names the stack's floor) the median beyond that floor."""
+def rounds_markdown(
+    cells: Sequence[RoundCell], floors: dict[str, str], reference: str = "passthrough"
+) -> list[str]:
+    """The rounds as table lines: per stack and mode, the median added latency at 1 client, its range,
+    and (where `floors` names the stack's floor) the median beyond that floor; at more clients, the
+    median requests/s and the median of its ratio to `reference`'s in the same round."""
     if not cells:
         return []
     rounds = len({cell.round for cell in cells})
     lines = [
-        f"Latency rounds at 1 client: {rounds} round{'' if rounds == 1 else 's'}, every server started "
-        "afresh in each.",
+        f"Rounds: {rounds} round{'' if rounds == 1 else 's'}, every server started afresh in each.",
         "",
         "| stack | mode | p50 added ms, median | min | max | beyond its floor ms, median |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -127,4 +164,19 @@ def rounds_markdown(cells: Sequence[RoundCell], floors: dict[str, str]) -> list[
                 f"| {stack} | {'stream' if stream else 'json'} | {median_added(cells, stack, stream):+.2f} | "
                 f"{low:+.2f} | {high:+.2f} | {'—' if math.isnan(beyond) else f'{beyond:+.2f}'} |"
             )
+    many = sorted({cell.clients for cell in cells if cell.clients > 1})
+    for clients in many:
+        lines += [
+            "",
+            f"| stack | mode | req/s @{clients}, median | of {reference}'s, median of the rounds' ratios |",
+            "| --- | --- | ---: | ---: |",
+        ]
+        for stack in stacks:
+            for stream in MODES:
+                ratio = median_ratio(cells, stack, reference, stream, clients)
+                lines.append(
+                    f"| {stack} | {'stream' if stream else 'json'} | "
+                    f"{median_rate(cells, stack, stream, clients):,.0f} | "
+                    f"{'—' if math.isnan(ratio) or stack == reference else f'{ratio:.0%}'} |"
+                )
     return lines

@@ -5,16 +5,18 @@ over rounds. (No timing: scripted p50s stand in for measurements.)"""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
 
 from benchmarks.overhead.rounds import (
+    Cell,
     RoundCell,
     latency_rounds,
     median_added,
     median_beyond,
+    median_ratio,
     rotated,
     rounds_markdown,
     spread,
@@ -49,13 +51,20 @@ def test_each_round_starts_every_server_afresh_and_takes_its_own_baseline() -> N
         yield name, worker
         events.append(f"{name} down")
 
-    def measure_stack(started: tuple[str, int]) -> dict[bool, tuple[float, int]]:
+    asked: list[tuple[str, tuple[int, ...]]] = []
+
+    def measure_stack(started: tuple[str, int], clients: Sequence[int]) -> dict[tuple[bool, int], Cell]:
         name, worker = started
+        asked.append((name, tuple(clients)))
         base = worker_p50[worker]
         extra = adds.get(name, (0.0, 0.0))
-        return {stream: (base[stream] + extra[stream], 0) for stream in (False, True)}
+        rates = {"floor": 1000.0, "ours": 400.0 + 100 * worker}
+        return {
+            (stream, concurrency): Cell(base[stream] + extra[stream], rates.get(name, 0.0) * concurrency)
+            for stream in (False, True) for concurrency in clients
+        }
 
-    cells = list(latency_rounds(["floor", "ours"], 2, start_worker, start, measure_stack))
+    cells = list(latency_rounds(["floor", "ours"], 2, start_worker, start, measure_stack, (1, 16)))
 
     assert events == [
         "worker 0 up", "worker up", "worker down", "floor up", "floor down", "ours up", "ours down",
@@ -63,9 +72,16 @@ def test_each_round_starts_every_server_afresh_and_takes_its_own_baseline() -> N
         "worker 1 up", "worker up", "worker down", "ours up", "ours down", "floor up", "floor down",
         "worker up", "worker down", "worker 1 down",
     ]
-    assert len(cells) == 8
+    assert len(cells) == 16
+    # The worker is measured at 1 client only; the stacks at every concurrency asked.
+    assert asked[:4] == [("worker", (1,)), ("floor", (1, 16)), ("ours", (1, 16)), ("worker", (1,))]
+    assert all(math.isnan(c.added_ms) for c in cells if c.clients == 16)
+    # Requests/s as a share of another stack's: the median of each round's ratio (0.4 and 0.5).
+    assert median_ratio(cells, "ours", "floor", True, 16) == pytest.approx(0.45)
     # Each round's added latency is taken against its own worker, so a slow round adds nothing.
-    assert [round(c.added_ms, 6) for c in cells if c.stack == "ours" and not c.stream] == [0.7, 0.7]
+    assert [round(c.added_ms, 6) for c in cells if c.stack == "ours" and not c.stream and c.clients == 1] == [
+        0.7, 0.7
+    ]
     assert median_added(cells, "ours", True) == pytest.approx(0.9)
     assert median_beyond(cells, "ours", "floor", False) == pytest.approx(0.2)
 
@@ -95,7 +111,17 @@ def test_a_round_without_answers_is_left_out() -> None:
 def test_markdown_names_the_rounds_and_the_floor() -> None:
     cells = [_cell("passthrough-postgres", 0, 0.9), _cell("flywheel-postgres", 0, 1.0)]
     lines = rounds_markdown(cells, {"flywheel-postgres": "passthrough-postgres"})
-    assert lines[0].startswith("Latency rounds at 1 client: 1 round,")
+    assert lines[0].startswith("Rounds: 1 round,")
     row = next(line for line in lines if line.startswith("| flywheel-postgres | json"))
     assert row.split("|")[3:7] == [" +0.80 ", " +0.80 ", " +0.80 ", " +0.10 "]
     assert rounds_markdown([], {}) == []
+
+
+def test_markdown_gives_the_share_of_the_reference_at_more_clients() -> None:
+    cells = [
+        RoundCell("passthrough", False, 0, 2.0, math.nan, 0, 16, 1000.0),
+        RoundCell("flywheel-postgres", False, 0, 5.0, math.nan, 0, 16, 400.0),
+    ]
+    lines = rounds_markdown(cells, {})
+    assert "| flywheel-postgres | json | 400 | 40% |" in lines
+    assert "| passthrough | json | 1,000 | — |" in lines
