@@ -249,8 +249,8 @@ def _rounds(run: Run, logs: Path) -> None:
         run.rounds.append(cell)
         print(
             f"  round {cell.round} {cell.stack:<20} stream={cell.stream!s:<5} clients={cell.clients:<3} "
-            f"{cell.rate:8.0f} req/s  p50 {cell.p50_ms:6.3f} ms  added {cell.added_ms:+.3f} ms  "
-            f"errors {cell.errors}",
+            f"{cell.rate:8.0f} req/s  p50 {cell.p50_ms:6.3f} ms  "
+            f"{'' if math.isnan(cell.added_ms) else f'added {cell.added_ms:+.3f} ms  '}errors {cell.errors}",
             flush=True,
         )
 

@@ -13,7 +13,7 @@ minus the mean of the worker's two p50s in that round, and the figure is the med
 stack adds beyond its floor is the median of their differences round by round, both measured in front of
 the same worker minutes apart at most.
 
-A process's luck moves its throughput as well (the same proxy, restarted eight times, did 2,010 to 3,007
+A process's luck moves its throughput as well (the same proxy, restarted ten times, did 2,010 to 3,007
 requests/s at 16 clients), so the rounds also measure each stack at more clients when asked; a stack's
 share of another's requests/s is then the median of the rounds' ratios.
 """
