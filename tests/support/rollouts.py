@@ -18,6 +18,7 @@ from storage.records import GroupRecord, SessionRecord, TrajectoryRecord
 
 RewardFn = Callable[[Sequence[int]], float]
 _ids = itertools.count()
+_SAMPLE_ATTEMPTS = 5
 
 
 def policy_version(label: str) -> int:
@@ -55,19 +56,25 @@ async def rollout_group(
     seed: int,
 ) -> Rollout:
     """Sample `group_size` completions of `prompt_ids` in one request and store them as one group."""
-    answer = await client.generate(
-        {
-            "input_ids": list(prompt_ids),
-            "return_logprob": True,
-            "sampling_params": {
-                "n": group_size,
-                "max_new_tokens": max_new_tokens,
-                "temperature": temperature,
-                "sampling_seed": seed,
-            },
-        }
-    )
-    samples = answer if isinstance(answer, list) else [answer]
+    request = {
+        "input_ids": list(prompt_ids),
+        "return_logprob": True,
+        "sampling_params": {
+            "n": group_size,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "sampling_seed": seed,
+        },
+    }
+    for _ in range(_SAMPLE_ATTEMPTS):
+        answer = await client.generate(request)
+        samples = answer if isinstance(answer, list) else [answer]
+        # A weight push (pause in abort mode) can end a sample before its first token, which leaves
+        # nothing to train on: the group is sampled again, as the proxy would resume it.
+        if all(sample["output_ids"] for sample in samples):
+            break
+    else:
+        raise RuntimeError(f"{_SAMPLE_ATTEMPTS} samplings of a group each had a sample with no tokens")
     group_id = f"group-{next(_ids)}"
     sessions = [
         SessionRecord(id=f"{group_id}-s{i}", key_hash=hash_api_key(f"{group_id}-s{i}"), group_id=group_id)
