@@ -5,7 +5,8 @@ recording on, on SQLite and on a scratch Postgres database, and (d) LiteLLM's pr
 the same worker.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--only flywheel-sqlite,passthrough,...]
-        [--seconds 5] [--clients 1,16,64] [--max-tokens 8] [--rounds 5] [--round-seconds 3] [--json out.json]
+        [--seconds 5] [--clients 1,16,64] [--max-tokens 8] [--rounds 5] [--round-seconds 3]
+        [--round-clients 1,16] [--json out.json]
 
 Every server runs in its own process, started and stopped here (ports freed, the Postgres database
 dropped); Flywheel is started as `flywheel proxy` runs it (uvicorn, migrated database, session keys from
@@ -255,6 +256,11 @@ def _rounds(run: Run, logs: Path) -> None:
         )
 
 
+def _json_safe(record: dict[str, object]) -> dict[str, object]:
+    """`record` with NaN (not measured) as null: JSON has no NaN, and strict readers refuse it."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     run = Run(parse_args(argv))
     run.load.append(f"start: {_uptime()}")
@@ -291,11 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                     "round_seconds": args.round_seconds,
                     "round_clients": args.round_clients,
                 },
-                "rows": [
-                    {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(r).items()}
-                    for r in run.rows
-                ],
-                "rounds": [{**vars(cell), "added_ms": cell.added_ms} for cell in run.rounds],
+                "rows": [_json_safe(vars(r)) for r in run.rows],
+                "rounds": [_json_safe({**vars(cell), "added_ms": cell.added_ms}) for cell in run.rounds],
                 "targets": verdicts(run),
                 "recorded": run.recorded,
                 "load": run.load,

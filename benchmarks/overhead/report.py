@@ -9,7 +9,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.overhead.rounds import RoundCell, median_added, median_beyond, median_ratio, rounds_markdown
+from benchmarks.overhead.rounds import (
+    RoundCell,
+    median_added,
+    median_beyond,
+    median_ratio,
+    rounds_label,
+    rounds_markdown,
+)
 
 BASELINE = "worker"
 FLYWHEEL = ("flywheel-sqlite", "flywheel-postgres")
@@ -68,10 +75,8 @@ def one_client(run: Run, stack: str, stream: bool) -> tuple[float, float, str]:
     """`stack`'s p50 added at 1 client, what it adds beyond its floor's, and where both come from: the
     median over the latency rounds when they ran, else the sweep's one cell."""
     if any(cell.stack == stack for cell in run.rounds):
-        rounds = len({cell.round for cell in run.rounds})
-        source = f"median of {rounds} round{'' if rounds == 1 else 's'}"
         added = median_added(run.rounds, stack, stream)
-        return added, median_beyond(run.rounds, stack, FLOOR[stack], stream), source
+        return added, median_beyond(run.rounds, stack, FLOOR[stack], stream), rounds_label(run.rounds)
     one, floor = _row(run, stack, stream, 1), _row(run, FLOOR[stack], stream, 1)
     added = one.p50_added_ms if one is not None else math.nan
     beyond = added - floor.p50_added_ms if floor is not None else math.nan
@@ -132,8 +137,7 @@ def share(run: Run, stack: str, peer: str, stream: bool, clients: int = 16) -> t
     ratios when both were measured in the rounds at that concurrency, else the sweep's cells."""
     ratio = median_ratio(run.rounds, stack, peer, stream, clients)
     if not math.isnan(ratio):
-        rounds = len({cell.round for cell in run.rounds})
-        return ratio, f"median of {rounds} round{'' if rounds == 1 else 's'}"
+        return ratio, rounds_label(run.rounds)
     ours, theirs = _rate(run, stack, stream, clients), _rate(run, peer, stream, clients)
     if ours is None or not theirs:
         return math.nan, ""

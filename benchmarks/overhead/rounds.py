@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -106,36 +106,53 @@ def _of(cells: Sequence[RoundCell], stack: str, stream: bool, clients: int = 1) 
     return {c.round: c for c in cells if c.stack == stack and c.stream == stream and c.clients == clients}
 
 
+def _measured(values: Iterable[float]) -> list[float]:
+    return [value for value in values if not math.isnan(value)]
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median of the values that are not NaN (NaN if none is)."""
+    kept = _measured(values)
+    return statistics.median(kept) if kept else math.nan
+
+
+def _paired(
+    cells: Sequence[RoundCell], stack: str, other: str, stream: bool, clients: int = 1
+) -> list[tuple[RoundCell, RoundCell]]:
+    """`stack`'s and `other`'s cells of each round both were measured in."""
+    ours, theirs = _of(cells, stack, stream, clients), _of(cells, other, stream, clients)
+    return [(ours[r], theirs[r]) for r in sorted(ours.keys() & theirs.keys())]
+
+
+def rounds_label(cells: Sequence[RoundCell]) -> str:
+    """"median of N rounds": where a figure taken from `cells` comes from."""
+    rounds = len({cell.round for cell in cells})
+    return f"median of {rounds} round{'' if rounds == 1 else 's'}"
+
+
 def median_ratio(cells: Sequence[RoundCell], stack: str, reference: str, stream: bool, clients: int) -> float:
     """The median over rounds of `stack`'s requests/s over `reference`'s in the same round."""
-    ours, theirs = _of(cells, stack, stream, clients), _of(cells, reference, stream, clients)
-    values = [ours[r].rate / theirs[r].rate for r in sorted(ours.keys() & theirs.keys()) if theirs[r].rate]
-    values = [v for v in values if not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
+    pairs = _paired(cells, stack, reference, stream, clients)
+    return _median(ours.rate / theirs.rate for ours, theirs in pairs if theirs.rate)
 
 
 def median_rate(cells: Sequence[RoundCell], stack: str, stream: bool, clients: int) -> float:
-    values = [c.rate for c in _of(cells, stack, stream, clients).values() if not math.isnan(c.rate)]
-    return statistics.median(values) if values else math.nan
+    return _median(c.rate for c in _of(cells, stack, stream, clients).values())
 
 
 def median_added(cells: Sequence[RoundCell], stack: str, stream: bool) -> float:
     """The median over rounds of `stack`'s added latency (NaN when it was not measured)."""
-    values = [c.added_ms for c in _of(cells, stack, stream).values() if not math.isnan(c.p50_ms)]
-    return statistics.median(values) if values else math.nan
+    return _median(c.added_ms for c in _of(cells, stack, stream).values())
 
 
 def median_beyond(cells: Sequence[RoundCell], stack: str, floor: str, stream: bool) -> float:
     """The median over rounds of `stack`'s p50 minus `floor`'s in the same round."""
-    ours, theirs = _of(cells, stack, stream), _of(cells, floor, stream)
-    values = [ours[r].p50_ms - theirs[r].p50_ms for r in sorted(ours.keys() & theirs.keys())]
-    values = [v for v in values if not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
+    return _median(ours.p50_ms - theirs.p50_ms for ours, theirs in _paired(cells, stack, floor, stream))
 
 
 def spread(cells: Sequence[RoundCell], stack: str, stream: bool) -> tuple[float, float]:
     """The least and greatest added latency of `stack` over the rounds."""
-    values = [c.added_ms for c in _of(cells, stack, stream).values() if not math.isnan(c.p50_ms)]
+    values = _measured(c.added_ms for c in _of(cells, stack, stream).values())
     return (min(values), max(values)) if values else (math.nan, math.nan)
 
 
@@ -147,9 +164,8 @@ def rounds_markdown(
     median requests/s and the median of its ratio to `reference`'s in the same round."""
     if not cells:
         return []
-    rounds = len({cell.round for cell in cells})
     lines = [
-        f"Rounds: {rounds} round{'' if rounds == 1 else 's'}, every server started afresh in each.",
+        f"Rounds: {rounds_label(cells).removeprefix('median of ')}, every server started afresh in each.",
         "",
         "| stack | mode | p50 added ms, median | min | max | beyond its floor ms, median |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
