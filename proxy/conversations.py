@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,8 @@ class SessionTree:
     foreign: set[MessageKey] = field(default_factory=set)
     """Assistant messages clients sent that no completion of the session answered, even after a reload
     (few-shot examples, another model's turns): they never trigger a reload again."""
+    on_answer: Callable[[MessageKey], None] | None = field(default=None, repr=False)
+    """Told of each answer new to the tree (the index of answers across sessions)."""
 
     def add(self, record: CompletionRecord, keys: ConversationKeys | None = None) -> bool:
         """Learn a recorded completion (`keys`: its messages' keys, if the call has them). False if its
@@ -112,7 +114,10 @@ class SessionTree:
         )
         self.nodes[node.id] = node
         self.openings.add(path[0])
-        self.answers.add(answer)
+        if answer not in self.answers:
+            self.answers.add(answer)
+            if self.on_answer is not None:
+                self.on_answer(answer)
         hashes = prefix_hashes(tools, path)
         node.path_hash = hashes[-1]
         self.by_hash.setdefault(node.path_hash, []).append(node)
@@ -198,7 +203,9 @@ def chat_record(
 
 class ConversationIndex:
     """The session trees of one proxy: an LRU of at most `max_sessions`, each keeping its newest
-    `max_nodes` completions, refilled from the database (proxy.conversation_sessions_max/_nodes_max)."""
+    `max_nodes` completions, refilled from the database (proxy.conversation_sessions_max/_nodes_max).
+    Across the trees held, which sessions answered each assistant message: an online key's call finds
+    the sessions it may extend from its assistant messages, not by trying every session it owns."""
 
     def __init__(
         self, session_factory: SessionFactory, max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -208,6 +215,7 @@ class ConversationIndex:
         self._max_sessions = max_sessions
         self._max_nodes = max_nodes
         self._trees: OrderedDict[str, SessionTree] = OrderedDict()
+        self._answered: dict[MessageKey, set[str]] = {}
         self._chained = 0
 
     def __len__(self) -> int:
@@ -228,11 +236,43 @@ class ConversationIndex:
         tree = SessionTree(max_nodes=self._max_nodes)
         if not tree.add_all(records):
             logger.warning("session %s: some completions have parents outside it; not matched", session_id)
+        self._forget(session_id)  # the tree it replaces, if any (a reload, or a load that raced it)
         self._trees[session_id] = tree
-        self._trees.move_to_end(session_id)
+        for answer in tree.answers:
+            self._note_answer(session_id, answer)
+        tree.on_answer = lambda answer: self._note_answer(session_id, answer)
         while len(self._trees) > self._max_sessions:
-            self._trees.popitem(last=False)
+            self._forget(next(iter(self._trees)))
         return tree, True
+
+    def holds(self, session_id: str) -> bool:
+        """Whether the session's tree is in memory."""
+        return session_id in self._trees
+
+    def sessions_answering(self, keys: Iterable[MessageKey]) -> set[str]:
+        """The sessions held in memory whose completions answered one of the assistant messages in
+        `keys`: the only ones of those held whose conversations a call with these messages can extend."""
+        found: set[str] = set()
+        for key in keys:
+            if key[0] == "assistant":
+                found.update(self._answered.get(key, ()))
+        return found
+
+    def _note_answer(self, session_id: str, answer: MessageKey) -> None:
+        self._answered.setdefault(answer, set()).add(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        """Drop a session's tree, and it from the answers index."""
+        tree = self._trees.pop(session_id, None)
+        if tree is None:
+            return
+        tree.on_answer = None
+        for answer in tree.answers:
+            sessions = self._answered.get(answer)
+            if sessions is not None:
+                sessions.discard(session_id)
+                if not sessions:
+                    del self._answered[answer]
 
     def learn(self, records: Sequence[CompletionRecord], keys: ConversationKeys | None = None) -> None:
         """Add recorded completions (of one call, if `keys` are given) to the trees of sessions held in
@@ -240,7 +280,7 @@ class ConversationIndex:
         for record in records:
             tree = self._trees.get(record.session_id)
             if tree is not None and not tree.add(record, keys):
-                del self._trees[record.session_id]  # incomplete: rebuild from the database next time
+                self._forget(record.session_id)  # incomplete: rebuild from the database next time
 
 
 class IndexingRecorder(Recorder):

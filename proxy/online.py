@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key
-from proxy.conversation_text import message_key, tools_key
+from proxy.conversation_text import MessageKey, message_key, tools_key
 from storage.queries import active_owned_sessions, create_session, hash_api_key
 from storage.records import SessionRecord
 
@@ -35,15 +35,12 @@ async def online_session(
     if principal.key_hash is None:
         raise ValueError("an online principal carries its key hash")
     keys = [message_key(m) for m in messages]
-    tools_id = tools_key(tools)
-    best: tuple[int, str] | None = None
-    for session_id in await active_owned_sessions(services.session_factory, principal.key_hash):
-        tree, _loaded = await services.conversations.tree(session_id)
-        node = tree.deepest_prefix(tools_id, keys)
-        if node is not None and (best is None or len(node.path) > best[0]):
-            best = (len(node.path), session_id)
-    if best is not None:
-        return best[1]
+    # A completion is matched by its messages and its answer, and the call must add a message after it:
+    # without an assistant message before its last, a call starts a conversation.
+    if any(key[0] == "assistant" for key in keys[:-1]):
+        extended = await _extended_session(services, principal.key_hash, tools_key(tools), keys)
+        if extended is not None:
+            return extended
     session_id = uuid.uuid4().hex
     # A session needs a session key to exist; nobody ever learns this one (the online key acts on it).
     await create_session(services.session_factory, SessionRecord(
@@ -52,3 +49,45 @@ async def online_session(
     ))
     logger.info("online key call: new session %s", session_id)
     return session_id
+
+
+async def _extended_session(
+    services: ProxyServices, key_hash: str, tools_id: str | None, keys: Sequence[MessageKey]
+) -> str | None:
+    """The active session owned by `key_hash` whose conversation `keys` extend most deeply (the newest on
+    a tie). Of the trees in memory only those that answered one of the call's assistant messages can
+    hold it, and one query keeps those of them that are the key's and still active. The owned sessions
+    not in memory (after a restart or an eviction, or recorded by another proxy) are loaded and tried
+    when those hold none."""
+    conversations = services.conversations
+    depths = await _depths(services, conversations.sessions_answering(keys), tools_id, keys)
+    if depths:
+        owned = await active_owned_sessions(services.session_factory, key_hash, among=depths)
+        found = _deepest(owned, depths)
+        if found is not None:
+            return found
+    owned = await active_owned_sessions(services.session_factory, key_hash)
+    unheld = [session_id for session_id in owned if not conversations.holds(session_id)]
+    return _deepest(owned, await _depths(services, unheld, tools_id, keys))
+
+
+async def _depths(
+    services: ProxyServices, session_ids: Iterable[str], tools_id: str | None, keys: Sequence[MessageKey]
+) -> dict[str, int]:
+    """The sessions of `session_ids` holding a completion that `keys` extend, with the deepest one's
+    length in messages."""
+    depths = {}
+    for session_id in session_ids:
+        tree, _loaded = await services.conversations.tree(session_id)
+        node = tree.deepest_prefix(tools_id, keys)
+        if node is not None:
+            depths[session_id] = len(node.path)
+    return depths
+
+
+def _deepest(newest_first: Sequence[str], depths: dict[str, int]) -> str | None:
+    best: str | None = None
+    for session_id in newest_first:
+        if session_id in depths and (best is None or depths[session_id] > depths[best]):
+            best = session_id
+    return best

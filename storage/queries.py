@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,13 +75,17 @@ async def create_online_key(session_factory: SessionFactory, key_hash: str) -> N
         db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ONLINE.value, session_id=None))
 
 
-async def active_owned_sessions(session_factory: SessionFactory, owner_key_hash: str) -> list[str]:
-    """The active sessions an online key's calls made, newest first."""
+async def active_owned_sessions(
+    session_factory: SessionFactory, owner_key_hash: str, among: Collection[str] | None = None
+) -> list[str]:
+    """The active sessions an online key's calls made (of `among` only, when given), newest first."""
     query = (
         select(Session.id)
         .where(Session.owner_key_hash == owner_key_hash, Session.status == SessionStatus.ACTIVE.value)
         .order_by(Session.created_at.desc(), Session.id)
     )
+    if among is not None:
+        query = query.where(Session.id.in_(list(among)))
     async with session_factory() as db:
         return list((await db.execute(query)).scalars())
 

@@ -4,10 +4,13 @@ keeps at most its node limit, and a dropped tree comes back whole from the datab
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pydantic import ValidationError
 
 from proxy.config import ProxyConfig
+from proxy.conversation_text import MessageKey, message_key
 from proxy.conversations import ConversationIndex
 from storage.engine import SessionFactory
 from storage.queries import create_session, record_completions
@@ -45,3 +48,39 @@ def test_the_bounds_are_config_and_must_be_positive() -> None:
     assert ProxyConfig().conversation_sessions_max == 4096
     with pytest.raises(ValidationError):
         ProxyConfig(conversation_nodes_max=0)
+
+
+def answered(completion_id: str, session_id: str, answer: str, parent_id: str | None = None) -> CompletionRecord:
+    response = {"choices": [{"message": {"role": "assistant", "content": answer}}]}
+    return dataclasses.replace(turn(completion_id, session_id, parent_id), response_json=response)
+
+
+def said(text: str) -> list[MessageKey]:
+    return [message_key({"role": "user", "content": "hi"}), message_key({"role": "assistant", "content": text})]
+
+
+async def test_the_sessions_answering_a_message_follow_the_trees_held(session_factory: SessionFactory) -> None:
+    for session_id, answer in (("s1", "red"), ("s2", "blue"), ("s3", "red")):
+        await create_session(session_factory, SessionRecord(id=session_id, key_hash=session_id * 32))
+        await record_completions(session_factory, [answered(f"{session_id}-0", session_id, answer)])
+    index = ConversationIndex(session_factory, max_sessions=2)
+    assert index.sessions_answering(said("red")) == set()  # nothing held yet
+    await index.tree("s1")
+    await index.tree("s2")
+    assert index.sessions_answering(said("red")) == {"s1"} and index.sessions_answering(said("blue")) == {"s2"}
+    assert index.sessions_answering([message_key({"role": "user", "content": "red"})]) == set()  # answers only
+
+    # A completion learned joins its answer; an unknown parent drops the whole tree from the index.
+    green = answered("s2-1", "s2", "green", parent_id="s2-0")
+    await record_completions(session_factory, [green])  # as the recorder does, then tells the index
+    index.learn([green])
+    assert index.sessions_answering(said("green")) == {"s2"}
+    index.learn([answered("s2-2", "s2", "gold", parent_id="elsewhere")])
+    assert not index.holds("s2") and index.sessions_answering(said("green") + said("blue")) == set()
+
+    await index.tree("s3")
+    await index.tree("s2")  # s1 is the least recently used of three: dropped, and from the index
+    assert not index.holds("s1") and index.sessions_answering(said("red")) == {"s3"}
+    assert index.sessions_answering(said("green")) == {"s2"}  # s2 back from the database, whole
+    await index.tree("s3", reload=True)  # a reload replaces the tree and keeps its answers indexed
+    assert index.sessions_answering(said("red")) == {"s3"}

@@ -108,3 +108,36 @@ def test_online_key_responses_calls_get_sessions_it_owns(
     session = {s.id: s for s in proxy.sessions()}[session_id]
     assert session.owner_key_hash == hash_api_key(key) and session.status == "active"
     assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/end").status_code == 200
+
+
+def test_online_conversations_find_their_sessions_beyond_the_trees_held(
+    proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
+) -> None:
+    """With one session tree in memory, three conversations continued in turn each rejoin their own
+    session (the others' trees come back from the database) and chain onto their last turn; a first call
+    that carries few-shot assistant turns no completion answered starts a session of its own."""
+    proxy = proxies.start([scripted.url], health_check_interval_s=0, conversation_sessions_max=1)
+    key = create_online_key(db_url, tmp_path)
+    conversations: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    for topic in ("trip", "poem", "song"):
+        messages = [{"role": "user", "content": f"About a {topic}."}]
+        session_id, answer = call(proxy, key, messages)
+        conversations[topic] = (session_id, [*messages, {"role": "assistant", "content": answer}])
+    assert len({session_id for session_id, _ in conversations.values()}) == 3
+
+    for turn in range(2):
+        for session_id, messages in conversations.values():
+            messages.append({"role": "user", "content": f"More, {turn}."})
+            joined, answer = call(proxy, key, messages, stream=turn == 1)
+            assert joined == session_id
+            messages.append({"role": "assistant", "content": answer})
+    for session_id, _ in conversations.values():
+        rows = sorted((c for c in proxy.completions() if c.session_id == session_id), key=lambda c: c.created_at)
+        assert [row.parent_id for row in rows] == [None, rows[0].id, rows[1].id]
+
+    few_shot = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"},
+                {"role": "user", "content": "3 + 3?"}]
+    started, answer = call(proxy, key, few_shot)
+    assert started not in {session_id for session_id, _ in conversations.values()}
+    follow_up = [*few_shot, {"role": "assistant", "content": answer}, {"role": "user", "content": "4 + 4?"}]
+    assert call(proxy, key, follow_up)[0] == started
