@@ -50,16 +50,21 @@ def test_the_bounds_are_config_and_must_be_positive() -> None:
         ProxyConfig(conversation_nodes_max=0)
 
 
-def answered(completion_id: str, session_id: str, answer: str, parent_id: str | None = None) -> CompletionRecord:
+def answered(
+    completion_id: str, session_id: str, answer: str, parent_id: str | None = None
+) -> CompletionRecord:
     response = {"choices": [{"message": {"role": "assistant", "content": answer}}]}
     return dataclasses.replace(turn(completion_id, session_id, parent_id), response_json=response)
 
 
 def said(text: str) -> list[MessageKey]:
-    return [message_key({"role": "user", "content": "hi"}), message_key({"role": "assistant", "content": text})]
+    user = message_key({"role": "user", "content": "hi"})
+    return [user, message_key({"role": "assistant", "content": text})]
 
 
-async def test_the_sessions_answering_a_message_follow_the_trees_held(session_factory: SessionFactory) -> None:
+async def test_the_sessions_answering_a_message_follow_the_trees_held(
+    session_factory: SessionFactory,
+) -> None:
     for session_id, answer in (("s1", "red"), ("s2", "blue"), ("s3", "red")):
         await create_session(session_factory, SessionRecord(id=session_id, key_hash=session_id * 32))
         await record_completions(session_factory, [answered(f"{session_id}-0", session_id, answer)])
@@ -67,8 +72,10 @@ async def test_the_sessions_answering_a_message_follow_the_trees_held(session_fa
     assert index.sessions_answering(said("red")) == set()  # nothing held yet
     await index.tree("s1")
     await index.tree("s2")
-    assert index.sessions_answering(said("red")) == {"s1"} and index.sessions_answering(said("blue")) == {"s2"}
-    assert index.sessions_answering([message_key({"role": "user", "content": "red"})]) == set()  # answers only
+    assert index.sessions_answering(said("red")) == {"s1"}
+    assert index.sessions_answering(said("blue")) == {"s2"}
+    red_question = message_key({"role": "user", "content": "red"})
+    assert index.sessions_answering([red_question]) == set()  # answers only
 
     # A completion learned joins its answer; an unknown parent drops the whole tree from the index.
     green = answered("s2-1", "s2", "green", parent_id="s2-0")

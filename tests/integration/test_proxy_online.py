@@ -132,7 +132,9 @@ def test_online_conversations_find_their_sessions_beyond_the_trees_held(
             assert joined == session_id
             messages.append({"role": "assistant", "content": answer})
     for session_id, _ in conversations.values():
-        rows = sorted((c for c in proxy.completions() if c.session_id == session_id), key=lambda c: c.created_at)
+        rows = sorted(
+            (c for c in proxy.completions() if c.session_id == session_id), key=lambda c: c.created_at
+        )
         assert [row.parent_id for row in rows] == [None, rows[0].id, rows[1].id]
 
     few_shot = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"},
