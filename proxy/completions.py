@@ -14,6 +14,8 @@ Choices where OpenAI leaves room:
 - `suffix` is refused (400); `best_of` must equal `n`; `max_tokens` defaults to 16 as on OpenAI.
 - A streamed batch of prompts runs one worker stream per prompt into one response body: chunks of
   different prompts interleave (each names its choice index), and `[DONE]` follows the last.
+- On an online key each call starts a session of its own, owned by the key (which may reward and end
+  it, as its chat sessions): raw prompts are not matched against earlier calls.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from proxy.generation import (
     plan_generation,
     read_choice,
 )
+from proxy.online import open_online_session
 from proxy.request_body import decoded_body, validated_body
 from proxy.responses import completion_records
 from proxy.schemas import CompletionRequest, Prompt
@@ -87,7 +90,11 @@ async def create_completion(request: Request) -> Response:
         )
         for p, (prompt_ids, text) in enumerate(prompts)
     ]
-    end_call_session = None if principal.session_id else await open_call_session(services, session_id)
+    end_call_session = None
+    if principal.key_hash is not None:  # an online key: the call is a conversation of its own
+        await open_online_session(services, principal.key_hash, session_id)
+    elif principal.session_id is None:
+        end_call_session = await open_call_session(services, session_id)
     headers = {SESSION_HEADER: session_id}
     if body.streaming:
         try:

@@ -41,11 +41,16 @@ async def online_session(
         extended = await _extended_session(services, principal.key_hash, tools_key(tools), keys)
         if extended is not None:
             return extended
-    session_id = uuid.uuid4().hex
+    return await open_online_session(services, principal.key_hash)
+
+
+async def open_online_session(services: ProxyServices, key_hash: str, session_id: str | None = None) -> str:
+    """Create a session owned by the online key `key_hash` (the one its call starts); return its id."""
+    session_id = session_id or uuid.uuid4().hex
     # A session needs a session key to exist; nobody ever learns this one (the online key acts on it).
     await create_session(services.session_factory, SessionRecord(
         id=session_id, key_hash=hash_api_key(generate_api_key(SESSION_KEY_PREFIX)),
-        metadata={"origin": ONLINE_ORIGIN}, owner_key_hash=principal.key_hash,
+        metadata={"origin": ONLINE_ORIGIN}, owner_key_hash=key_hash,
     ))
     logger.info("online key call: new session %s", session_id)
     return session_id

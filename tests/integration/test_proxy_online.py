@@ -143,3 +143,31 @@ def test_online_conversations_find_their_sessions_beyond_the_trees_held(
     assert started not in {session_id for session_id, _ in conversations.values()}
     follow_up = [*few_shot, {"role": "assistant", "content": answer}, {"role": "user", "content": "4 + 4?"}]
     assert call(proxy, key, follow_up)[0] == started
+
+
+def test_online_key_text_completions_get_sessions_it_owns(
+    proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
+) -> None:
+    """A legacy /v1/completions call on an online key is a conversation of its own: its session is the
+    key's (active, rewardable and endable by it), never an admin call's one-off session nobody trains on."""
+    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    key = create_online_key(db_url, tmp_path)
+    client = proxy.client(key)
+
+    raw = client.completions.with_raw_response.create(model="m", prompt="Once upon a time", max_tokens=4)
+    session_id = raw.headers[SESSION_HEADER]
+    completion = raw.parse()
+    streamed = client.completions.with_raw_response.create(
+        model="m", prompt=[5, 6, 7], max_tokens=4, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed.parse() if c.choices)
+    assert streamed.headers[SESSION_HEADER] != session_id
+
+    sessions = {s.id: s for s in proxy.sessions()}
+    for sid in (session_id, streamed.headers[SESSION_HEADER]):
+        assert sessions[sid].owner_key_hash == hash_api_key(key) and sessions[sid].status == "active"
+        assert sessions[sid].metadata_["origin"] == "online"
+    [row] = [c for c in proxy.completions() if c.session_id == session_id]
+    assert completion.id.startswith("cmpl-") and row.output_ids.tolist()
+    assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/reward", {"value": 1.0}).status_code == 200
+    assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/end").json()["ended"] is True
