@@ -82,6 +82,11 @@ def message_key(message: Mapping[str, Any]) -> MessageKey:
     return (str(message.get("role", "")), content_text(message.get("content")), tuple(calls))
 
 
+def is_assistant(key: MessageKey) -> bool:
+    """Whether a message key is an assistant turn (what a completion's answer always is)."""
+    return key[0] == "assistant"
+
+
 def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str | None:
     """The tools rendered into a prompt: a different tool list is a different history."""
     return _canonical_json(list(tools)) if tools else None

@@ -30,6 +30,7 @@ from proxy.conversation_text import (
     ConversationKeys,
     MessageKey,
     SuffixError,
+    is_assistant,
     message_key,
     prefix_hashes,
     render_suffix,
@@ -162,7 +163,7 @@ class SessionTree:
         self.foreign.update(key for key in keys if self._unknown_answer(key))
 
     def _unknown_answer(self, key: MessageKey) -> bool:
-        return key[0] == "assistant" and key not in self.answers and key not in self.foreign
+        return is_assistant(key) and key not in self.answers and key not in self.foreign
 
     def is_branch(self, tools: str | None, keys: Sequence[MessageKey]) -> bool:
         """Whether an unmatched request changed the session's history: it shares its first message with
@@ -254,7 +255,7 @@ class ConversationIndex:
         `keys`: the only ones of those held whose conversations a call with these messages can extend."""
         found: set[str] = set()
         for key in keys:
-            if key[0] == "assistant":
+            if is_assistant(key):
                 found.update(self._answered.get(key, ()))
         return found
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key
-from proxy.conversation_text import MessageKey, message_key, tools_key
+from proxy.conversation_text import MessageKey, is_assistant, message_key, tools_key
 from storage.queries import active_owned_sessions, create_session, hash_api_key
 from storage.records import SessionRecord
 
@@ -37,7 +37,7 @@ async def online_session(
     keys = [message_key(m) for m in messages]
     # A completion is matched by its messages and its answer, and the call must add a message after it:
     # without an assistant message before its last, a call starts a conversation.
-    if any(key[0] == "assistant" for key in keys[:-1]):
+    if any(is_assistant(key) for key in keys[:-1]):
         extended = await _extended_session(services, principal.key_hash, tools_key(tools), keys)
         if extended is not None:
             return extended
