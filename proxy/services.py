@@ -1,5 +1,18 @@
-"""Everything stateful the proxy's routes share, built in the app's lifespan (never at import) and hung
-on `app.state.services`; routes get it with the `get_services` dependency."""
+"""Everything stateful the proxy's routes share, built once in the app's lifespan (never at import) by
+`build_services`, fully wired, and never changed afterwards; routes get it with the `get_services`
+dependency (or `request.app.state.services` on the hot routes).
+
+The parts, and what each is given (none of them sees this container):
+- the database (`engine`, `session_factory`) and the `tokenizer` of the served model;
+- `balancer`: the workers, routed by session, with the routing policy and the tokenizer's decode;
+- `conversations`: each session's conversation tree (proxy/conversations/), and `prompter`, which
+  builds a call's prompt from it with the tokenizer and metrics;
+- `recorder`: group commit of completions, then the conversation index and the metrics learn them;
+- `finalizer`: turns ended, rewarded sessions into trajectories (rewards/finalizer.py), sweeping in
+  the background while the services live;
+- `background`: tasks that outlive a request (a stream's recording after its client left), awaited at
+  shutdown; `health_checks` of the workers run while the services live.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +21,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +29,13 @@ from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.auth import KeyCache
-from proxy.balancer import Balancer
 from proxy.config import ProxyConfig
-from proxy.conversations import ConversationIndex, IndexingRecorder
+from proxy.conversations.index import ConversationIndex
+from proxy.conversations.prompt import Prompter
 from proxy.metrics import ProxyMetrics
+from proxy.recording.indexing import IndexingRecorder
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
+from proxy.workers.routing import Balancer, RoutingPolicy, health_checks
 from rewards.finalizer import SessionFinalizer
 from serving.client import WorkerPool
 from serving.config import ServingConfig
@@ -34,36 +49,48 @@ _SHUTDOWN_GRACE_S = 30.0
 
 
 @dataclass(eq=False)
-class ProxyServices:
-    """The proxy's shared state: database, recorder, tokenizer, workers, metrics."""
+class Background:
+    """Tasks that outlive the request that started them; `drain` waits for them at shutdown."""
 
-    config: ProxyConfig
-    storage_config: StorageConfig
-    serving_config: ServingConfig
-    engine: AsyncEngine
-    session_factory: SessionFactory
-    recorder: IndexingRecorder
-    tokenizer: ChatTokenizer
-    pool: WorkerPool
-    balancer: Balancer
-    served_model_name: str
-    metrics: ProxyMetrics
-    key_cache: KeyCache
-    conversations: ConversationIndex
-    """Each session's conversation tree, for token-exact multi-turn prompts (proxy/conversations.py)."""
-    finalizer: SessionFinalizer | None = None
-    """Turns ended, rewarded sessions into trajectories; started and stopped by the RL router's
-    lifespan (proxy/rl_routes.py), which runs inside this app's."""
-    started_at: int = field(default_factory=lambda: int(time.time()))
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-    """Tasks that outlive a request (a stream's recording after the client left); awaited at shutdown."""
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run `coro` in the background, keeping it alive until it ends or the app shuts down."""
         task = asyncio.create_task(coro, name=name)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return task
+
+    async def drain(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the running tasks, then cancel what is left."""
+        if not self.tasks:
+            return
+        _done, pending = await asyncio.wait(set(self.tasks), timeout=grace_s)
+        for task in pending:
+            logger.warning("cancelling %s at shutdown", task.get_name())
+            task.cancel()
+
+
+@dataclass(frozen=True, eq=False)
+class ProxyServices:
+    """The proxy's shared state (see the module's docstring for what each part is)."""
+
+    config: ProxyConfig
+    engine: AsyncEngine
+    session_factory: SessionFactory
+    tokenizer: ChatTokenizer
+    model_name: str
+    """The served model's name, as /v1/models reports it."""
+    pool: WorkerPool
+    balancer: Balancer
+    metrics: ProxyMetrics
+    key_cache: KeyCache
+    conversations: ConversationIndex
+    prompter: Prompter
+    recorder: IndexingRecorder
+    finalizer: SessionFinalizer
+    background: Background
+    started_at: int = field(default_factory=lambda: int(time.time()))
 
 
 async def get_services(request: Request) -> ProxyServices:
@@ -71,11 +98,6 @@ async def get_services(request: Request) -> ProxyServices:
     plain function in its thread pool, a thread hop per request.)"""
     services: ProxyServices = request.app.state.services
     return services
-
-
-def worker_urls(serving: ServingConfig) -> list[str]:
-    """`serving.worker_urls`, else http://{host}:{port + i} for each of the `num_workers` workers."""
-    return serving.resolved_worker_urls()
 
 
 def configured_context_length(proxy: ProxyConfig, serving: ServingConfig) -> int | None:
@@ -87,12 +109,19 @@ def configured_context_length(proxy: ProxyConfig, serving: ServingConfig) -> int
     return serving.sglang.context_length
 
 
+def routing_policy(proxy: ProxyConfig) -> RoutingPolicy:
+    return RoutingPolicy(
+        sticky_slack=proxy.sticky_slack, sticky_sessions_max=proxy.sticky_sessions_max,
+        resume_max_attempts=proxy.resume_max_attempts, resume_timeout_s=proxy.resume_timeout_s,
+    )
+
+
 @asynccontextmanager
 async def build_services(
     proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig
 ) -> AsyncIterator[ProxyServices]:
-    """Open the database, load the tokenizer, connect the workers and start the recorder; undo it all
-    on exit (after in-flight recordings finish)."""
+    """Open the database, load the tokenizer, connect the workers, start the recorder, the finalizer
+    and the health checks; undo it all on exit (after in-flight recordings finish)."""
     metrics = ProxyMetrics()
     cache_dir = serving.cache_dir if serving.cache_dir is not None else default_cache_dir()
     model_dir = await asyncio.to_thread(resolve_model_dir, serving.model, cache_dir)
@@ -103,50 +132,45 @@ async def build_services(
     session_factory = create_sessionmaker(engine)
     # The balancer fails over to the next worker itself, so a dead worker costs one refused connect.
     pool = WorkerPool(serving.client.model_copy(update={"max_retries": 0}))
-    clients = [pool.client(url) for url in worker_urls(serving)]
+    clients = [pool.client(url) for url in serving.resolved_worker_urls()]
+    balancer = Balancer(clients, metrics, proxy.worker_failure_cooldown_s, routing_policy(proxy),
+                        tokenizer.decode)
     conversations = ConversationIndex(
         session_factory, proxy.conversation_sessions_max, proxy.conversation_nodes_max
     )
-    recorder = IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations)
-    recorder.start()
+    background = Background()
     services = ProxyServices(
         config=proxy,
-        storage_config=storage,
-        serving_config=serving,
         engine=engine,
         session_factory=session_factory,
-        recorder=recorder,
         tokenizer=tokenizer,
+        model_name=serving.served_model_name or serving.model,
         pool=pool,
-        balancer=Balancer(clients, metrics, proxy.worker_failure_cooldown_s),
-        served_model_name=serving.served_model_name or serving.model,
+        balancer=balancer,
         metrics=metrics,
         key_cache=KeyCache(proxy.key_cache_ttl_s),
         conversations=conversations,
+        prompter=Prompter(conversations, tokenizer, metrics, background.spawn, proxy.tokenize_in_thread_chars,
+                          proxy.drift_check_every),
+        recorder=IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations),
+        finalizer=SessionFinalizer(session_factory, proxy.finalizer),
+        background=background,
     )
     logger.info(
         "proxy serving %s (context %d tokens) through %d worker(s): %s",
-        services.served_model_name, tokenizer.context_length, len(clients),
-        ", ".join(c.base_url for c in clients),
+        services.model_name, tokenizer.context_length, len(clients), ", ".join(c.base_url for c in clients),
     )
     if proxy.gc_freeze:
-        # The tokenizer and the libraries loaded by now are ~285k long-lived objects; frozen, no
-        # full collection walks them again (unfrozen, a full collection took 150-300 ms here,
-        # every request in flight stalled meanwhile).
+        # The tokenizer and the libraries loaded by now are long-lived objects; frozen, no full
+        # collection walks them again (unfrozen, every request in flight stalls while one does).
         gc.collect()
         gc.freeze()
-    try:
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(engine.dispose)
+        stack.push_async_callback(pool.close)
+        services.recorder.start()
+        stack.push_async_callback(services.recorder.stop)
+        stack.push_async_callback(background.drain, _SHUTDOWN_GRACE_S)
+        await stack.enter_async_context(services.finalizer.running())
+        await stack.enter_async_context(health_checks(balancer, proxy.health_check_interval_s))
         yield services
-    finally:
-        await _shutdown(services)
-
-
-async def _shutdown(services: ProxyServices) -> None:
-    if services.background:
-        _done, pending = await asyncio.wait(set(services.background), timeout=_SHUTDOWN_GRACE_S)
-        for task in pending:
-            logger.warning("cancelling %s at shutdown", task.get_name())
-            task.cancel()
-    await services.recorder.stop()
-    await services.pool.close()
-    await services.engine.dispose()

@@ -117,6 +117,18 @@ class SessionFinalizer:
                 await asyncio.wait_for(stop_event.wait(), timeout=self.config.sweep_interval_s)
         await self.wait_idle()
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Sweep in the background while the block runs; on exit the sweeps stop and the finalizations
+        in flight finish."""
+        stop = asyncio.Event()
+        sweeps = asyncio.create_task(self.run(stop), name="session finalizer sweep")
+        try:
+            yield
+        finally:
+            stop.set()
+            await sweeps
+
     async def sweep(self) -> int:
         """One pass: end and finalize expired sessions; finalize ended ones that are ready or waited
         long enough for a reward. Returns how many sessions it finalized."""

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from proxy.config import ProxyConfig
-from proxy.conversation_text import MessageKey, message_key
-from proxy.conversations import ConversationIndex
+from proxy.conversations.index import ConversationIndex
+from proxy.conversations.text import MessageKey, message_key
 from storage.engine import SessionFactory
 from storage.queries import create_session, record_completions
 from storage.records import CompletionRecord, SessionRecord

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.schemas import ChatCompletionRequest
+from proxy.openai.schemas import ChatCompletionRequest
 from proxy.tokenize import load_chat_tokenizer
 from rewards.config import FinalizerConfig
 from rewards.finalizer import SessionFinalizer

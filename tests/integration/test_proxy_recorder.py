@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from proxy.metrics import ProxyMetrics
-from proxy.recorder import Recorder, RecorderClosed
+from proxy.recording.recorder import Recorder, RecorderClosed
 from storage.engine import SessionFactory
 from storage.models import Completion
 from storage.queries import create_session

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.balancer import Balancer, RoutingPolicy
-from proxy.generation import read_choice
 from proxy.metrics import ProxyMetrics
-from proxy.resume import Prefix, end_at_straddling_stop, join_text, merge, resumable, version_spans
+from proxy.workers.plan import read_choice
+from proxy.workers.resume import Prefix, end_at_straddling_stop, join_text, merge, resumable, version_spans
+from proxy.workers.routing import Balancer, RoutingPolicy
 from serving.client import SGLangClient
 from serving.config import ClientConfig
 from serving.models.tiny import build_tokenizer
 
 
-def balancer(n: int = 3, **policy: Any) -> Balancer:
+def balancer(n: int = 3, health_checks: bool = False, **policy: Any) -> Balancer:
     clients = [SGLangClient(f"http://w{i}", ClientConfig()) for i in range(n)]
-    return Balancer(clients, ProxyMetrics(), failure_cooldown_s=60, policy=RoutingPolicy(**policy))
+    b = Balancer(clients, ProxyMetrics(), failure_cooldown_s=60, policy=RoutingPolicy(**policy))
+    b.health_checking = health_checks
+    return b
 
 
 def pick(b: Balancer, session: str | None) -> str:

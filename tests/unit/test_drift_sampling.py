@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from proxy.conversations import ConversationIndex
+from proxy.conversations.index import ConversationIndex
 
 
 def test_one_chained_turn_in_every_n_is_checked() -> None:

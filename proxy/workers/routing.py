@@ -45,14 +45,12 @@ class Worker:
 
 @dataclass(slots=True)
 class RoutingPolicy:
-    """The knobs of routing and resumption (ProxyConfig's, set in the app's lifespan)."""
+    """The knobs of routing and resumption (ProxyConfig's, given when the balancer is built)."""
 
     sticky_slack: int = 4
     """A session stays on its worker unless that one runs this many more requests than the least busy."""
     sticky_sessions_max: int = 100_000
     """Sessions remembered (least recently used forgotten first)."""
-    health_checks: bool = False
-    """True while a health-check task runs: failed workers then wait for it instead of a cooldown."""
     resume_max_attempts: int = 20
     """Most re-issues of one choice after aborts (weight pushes) and lost workers."""
     resume_timeout_s: float = 600.0
@@ -64,15 +62,17 @@ class Balancer:
 
     def __init__(
         self, clients: Sequence[SGLangClient], metrics: ProxyMetrics, failure_cooldown_s: float,
-        policy: RoutingPolicy | None = None,
+        policy: RoutingPolicy | None = None, decode: Decode | None = None,
     ) -> None:
         if not clients:
             raise ValueError("the proxy needs at least one worker")
         self.workers = [Worker(client) for client in clients]
         self.policy = policy or RoutingPolicy()
-        self.decode: Decode | None = None
+        self.decode = decode
         """The tokenizer's decode (skip special tokens), to rejoin text a resumed generation split
-        inside a UTF-8 character; set in the app's lifespan."""
+        inside a UTF-8 character."""
+        self.health_checking = False
+        """True while a health-check task runs: failed workers then wait for it instead of a cooldown."""
         self._metrics = metrics
         self._cooldown_s = failure_cooldown_s
         self._uses = 0
@@ -83,7 +83,7 @@ class Balancer:
     def in_rotation(self, worker: Worker) -> bool:
         if worker.up:
             return True
-        if not self.policy.health_checks and worker.failed_until <= time.monotonic():
+        if not self.health_checking and worker.failed_until <= time.monotonic():
             self._set_up(worker, True)  # no health checks: the cooldown is over
             return True
         return False
@@ -186,12 +186,12 @@ async def health_checks(balancer: Balancer, interval_s: float) -> AsyncIterator[
                 logger.exception("health check round failed")
             await asyncio.sleep(interval_s)
 
-    balancer.policy.health_checks = True
+    balancer.health_checking = True
     task = asyncio.create_task(poll(), name="worker-health-checks")
     try:
         yield
     finally:
-        balancer.policy.health_checks = False
+        balancer.health_checking = False
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

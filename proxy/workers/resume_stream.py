@@ -1,5 +1,5 @@
 """Streaming generations that survive weight pushes and lost workers: the worker's cumulative chunks
-relayed as if one request made them all (the pieces and their stitching: proxy/resume.py)."""
+relayed as if one request made them all (the pieces and their stitching: proxy/workers/resume.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ import contextlib
 import logging
 from typing import Any, cast
 
-from proxy.balancer import Balancer, Worker
-from proxy.generation import GenerationPlan, no_worker_error
-from proxy.resume import (
+from proxy.workers.plan import GenerationPlan, finish_type, no_worker_error
+from proxy.workers.resume import (
     Chunks,
     Prefix,
     ResumeBudget,
-    finish_type,
     is_lost,
     merge,
     resumable,
@@ -24,6 +22,7 @@ from proxy.resume import (
     straddling_stop,
     with_length_finish,
 )
+from proxy.workers.routing import Balancer, Worker
 from serving.client import GenerateRequest
 from serving.errors import WorkerConnectionError, WorkerError
 

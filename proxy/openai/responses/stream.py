@@ -16,17 +16,12 @@ streamed, carries every output token's.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-import msgspec
-
-from proxy.balancer import Worker
-from proxy.generation import ChoiceResult, GenerationPlan, read_choice
-from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
-from proxy.responses import logprob_entries, tool_call_id
-from proxy.responses_api_input import ResponsesRequest
-from proxy.responses_api_output import (
+from proxy.openai.chat_objects import logprob_entries, tool_call_id
+from proxy.openai.pipeline import Part
+from proxy.openai.responses.input import ResponsesRequest
+from proxy.openai.responses.output import (
     function_call_item,
     item_status,
     message_item,
@@ -35,26 +30,26 @@ from proxy.responses_api_output import (
     response_object,
     usage,
 )
-from proxy.schemas import ChatCompletionRequest
-from proxy.services import ProxyServices
-from proxy.streaming import GenerationStream
-
-
-def named_sse(event_type: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + event_type.encode() + b"\ndata: " + msgspec.json.encode(payload) + b"\n\n"
+from proxy.openai.responses.record import request_answered
+from proxy.openai.schemas import ChatCompletionRequest
+from proxy.openai.sse import named_sse
+from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
+from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
+from proxy.recording.records import completion_records
+from proxy.workers.plan import ChoiceResult, read_choice
+from proxy.workers.resume_stream import ResumingStream
+from storage.records import CompletionRecord
 
 
 class ResponsesStream(GenerationStream):
     """One streaming `POST /v1/responses` (a single choice)."""
 
     def __init__(
-        self, services: ProxyServices, plan: GenerationPlan, body: ResponsesRequest,
-        chat: ChatCompletionRequest, request_json: dict[str, Any], worker: Worker,
-        stream: AsyncGenerator[dict[str, Any], None], first: dict[str, Any],
-        on_recorded: Callable[[], Awaitable[None]] | None = None,
+        self, services: StreamServices, part: Part, request: ResponsesRequest, chat: ChatCompletionRequest,
+        request_json: dict[str, Any], stream: ResumingStream, first: dict[str, Any], body: StreamBody,
     ) -> None:
-        self.body = body
-        self._parser = plan.output.stream()
+        self.body = request
+        self._parser = part.plan.output.stream()
         self._parsed = False
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # every item opened so far, in output order
@@ -64,9 +59,8 @@ class ResponsesStream(GenerationStream):
         self._top_logprobs = (chat.top_logprobs or 0) if chat.wants_logprobs else None
         self._logprobs_sent = 0  # output tokens whose logprobs went out with a text delta
         self._chunk_logprobs: list[dict[str, Any]] = []  # those of this chunk, for its first text delta
-        super().__init__(
-            services, plan, request_json, worker, stream, first, chat.stop_strings(), on_recorded
-        )
+        super().__init__(services, part.plan, request_json, stream, first, chat.stop_strings(), body,
+                         part.conversation)
 
     def _send(self, event_type: str, **fields: Any) -> None:
         payload = {"type": event_type, "sequence_number": self._sequence, **fields}
@@ -171,6 +165,10 @@ class ResponsesStream(GenerationStream):
         usage_json = usage(self.plan, results, self.services.tokenizer, self._reasoning or None)
         self._final = response_object(self.plan, self.body, output, finish, usage_json)
         return self._final
+
+    def _records(self, results: list[ChoiceResult], response: dict[str, Any]) -> list[CompletionRecord]:
+        return completion_records(self.plan, results, request_answered(self.request_json, response), response,
+                                  self.conversation)
 
     def _emit_end(self, results: list[ChoiceResult]) -> None:
         final = self._final if self._final is not None else self._response(results)

@@ -55,7 +55,7 @@ def canonical_arguments(arguments: Any) -> str:
 
 def content_text(content: Any) -> str:
     """Content as the template sees it: a string, text parts joined by newlines (as
-    proxy.schemas.ChatMessage.text joins them), None as the empty string."""
+    proxy.openai.schemas.ChatMessage.text joins them), None as the empty string."""
     if content is None:
         return ""
     if isinstance(content, str):

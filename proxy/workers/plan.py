@@ -1,20 +1,18 @@
-"""From a chat request to a worker's `/generate` and back: the generation plan (prompt ids, SGLang
-sampling params, completion ids), worker calls with failover, and the worker's answer read into
-per-choice results (tokens, logprobs, per-token policy versions)."""
+"""From a request to a worker's `/generate` and back: the generation plan (prompt ids, SGLang sampling
+params, completion ids), and the worker's answer read into per-choice results (tokens, logprobs,
+per-token policy versions, finish reason), with the client-facing errors of worker failures."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-from proxy.balancer import Balancer, Worker
-from proxy.conversation_text import ConversationKeys
 from proxy.errors import OpenAIError
 from proxy.parsers import OutputParser
 from proxy.tokenize import ChatTokenizer
+from proxy.workers.routing import Balancer
 from serving.client import GenerateRequest, SamplingParams
 from serving.errors import (
     WorkerBadRequest,
@@ -49,14 +47,6 @@ class GenerationPlan:
     top_k: int
     output: OutputParser = PLAIN_TEXT
     """How each choice's text becomes the response's message (tool calls, reasoning)."""
-    parent_id: str | None = None
-    """The completion this call's conversation extends (proxy/conversations.py); None for a root."""
-    prefix_len: int = 0
-    """How many leading `prompt_ids` are the parent's prompt + output: records keep only the rest."""
-    branched: bool = False
-    """The client changed its session's history, so this call starts a new branch."""
-    conversation_keys: ConversationKeys | None = None
-    """The recorded messages' keys for the session's conversation index (None: parsed from the record)."""
 
     @property
     def n(self) -> int:
@@ -178,41 +168,6 @@ def plan_generation(
     )
 
 
-async def generate(balancer: Balancer, plan: GenerationPlan) -> list[ChoiceResult]:
-    """Non-streaming generation on the best worker for the plan's session: re-issued on another worker
-    when one is lost, and aborted choices (a weight push) resumed as prompt + tokens so far."""
-    from proxy.resume import generate_outputs  # resume.py builds on this module
-
-    outputs = await generate_outputs(balancer, plan)
-    if len(outputs) != plan.n:
-        raise worker_error(WorkerProtocolError(f"asked for {plan.n} samples, got {len(outputs)}"))
-    return [read_choice(item, index, final=True) for index, item in enumerate(outputs)]
-
-
-async def open_stream(
-    balancer: Balancer, plan: GenerationPlan
-) -> tuple[Worker, AsyncGenerator[dict[str, Any], None], dict[str, Any]]:
-    """Start a streaming generation: the worker it started on, the stream (a `ResumingStream`: it holds
-    the worker lease until closed, fails over while nothing was generated and resumes choices a weight
-    push aborted or a lost worker cut off), and its first chunk."""
-    from proxy.resume_stream import ResumingStream  # resume_stream.py builds on this module
-
-    stream = ResumingStream(balancer, plan)
-    try:
-        first = await anext(stream)
-    except StopAsyncIteration:
-        await stream.aclose()
-        raise worker_error(WorkerProtocolError("the stream ended before its first chunk")) from None
-    except WorkerError as exc:
-        await stream.aclose()
-        raise worker_error(exc) from exc
-    except BaseException:
-        await stream.aclose()
-        raise
-    assert stream.worker is not None
-    return stream.worker, cast(AsyncGenerator[dict[str, Any], None], stream), first
-
-
 def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceResult:
     """One sample of a worker answer (a full answer, or a cumulative stream chunk)."""
     try:
@@ -226,9 +181,7 @@ def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceRes
         logprobs = [float(entry[0]) for entry in entries[: len(output_ids)]]
         top = meta.get("output_top_logprobs")
         top_logprobs = [[(float(e[0]), int(e[1])) for e in pos or ()] for pos in top] if top else None
-        finish = meta.get("finish_reason")
-        kind = finish.get("type", "stop") if isinstance(finish, dict) else "stop"
-        reason = _FINISH_REASONS.get(kind, "stop")
+        reason = _FINISH_REASONS.get(finish_type(output) or "stop", "stop")
         return ChoiceResult(
             index=index,
             text=str(output.get("text", "")),
@@ -243,6 +196,14 @@ def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceRes
         raise worker_error(exc) from exc
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise worker_error(WorkerProtocolError(f"malformed /generate answer: {exc!r}")) from exc
+
+
+def finish_type(output: dict[str, Any]) -> str | None:
+    """`stop`, `length`, `abort`, … of a worker answer or chunk; None while it is unfinished."""
+    finish = (output.get("meta_info") or {}).get("finish_reason")
+    if finish is None:
+        return None
+    return str(finish.get("type", "stop")) if isinstance(finish, dict) else "stop"
 
 
 def policy_version(weight_version: Any) -> int:

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from proxy.auth import Principal, require_principal
-from proxy.openai_routes import OWNER
+from proxy.openai.routes import OWNER
 from proxy.services import ProxyServices, get_services
 
 _MODIFIED_AT = "1970-01-01T00:00:00Z"
@@ -39,7 +39,7 @@ async def lmstudio_models(
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> dict[str, Any]:
     """LM Studio's `GET /api/v1/models`: the served model, loaded, with the context it accepts."""
-    name, context = services.served_model_name, services.tokenizer.context_length
+    name, context = services.model_name, services.tokenizer.context_length
     model = {
         "type": "llm",
         "publisher": OWNER,
@@ -71,7 +71,7 @@ async def ollama_show(
     name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         return JSONResponse({"error": "model is required"}, status_code=400)
-    if name != services.served_model_name:
+    if name != services.model_name:
         return JSONResponse({"error": f"model '{name}' not found"}, status_code=404)
     arch, context = _architecture(services) or "unknown", services.tokenizer.context_length
     capabilities = ["completion"]

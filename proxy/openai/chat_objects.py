@@ -1,5 +1,5 @@
-"""OpenAI response objects (chat.completion, chunks, logprobs, usage) and the completion records the
-proxy writes for them."""
+"""OpenAI's chat response objects: chat.completion, its chunks, logprobs (which the Responses API's
+messages carry too), usage."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.generation import ChoiceResult, GenerationPlan
+from proxy.openai.schemas import ChatCompletionRequest
 from proxy.parsers import ParsedOutput, ParsedToolCall
-from proxy.schemas import ChatCompletionRequest
 from proxy.tokenize import ChatTokenizer
-from storage.records import CompletionRecord
+from proxy.workers.plan import ChoiceResult, GenerationPlan
 
 CHUNK_OBJECT = "chat.completion.chunk"
 
@@ -130,37 +129,3 @@ def chunk(plan: GenerationPlan, choices: list[dict[str, Any]], include_usage: bo
     if include_usage:
         payload["usage"] = None
     return payload
-
-
-def completion_records(
-    plan: GenerationPlan, results: Sequence[ChoiceResult], request_json: dict[str, Any],
-    response_json: dict[str, Any], first_index: int = 0,
-) -> list[CompletionRecord]:
-    """One record per choice. Each stores the response with only its own choice in it; the plan's
-    choices are the response's choices `first_index`, `first_index + 1`, … (a batch of prompts)."""
-    return [
-        CompletionRecord(
-            id=plan.completion_ids[result.index],
-            session_id=plan.session_id,
-            parent_id=plan.parent_id,
-            prompt_ids=plan.prompt_ids[plan.prefix_len:],  # a child keeps only its suffix (DESIGN.md §5)
-            output_ids=result.output_ids,
-            output_logprobs=result.logprobs,
-            output_versions=result.versions,
-            finish_reason=result.finish_reason,
-            temperature=plan.temperature,
-            top_p=plan.top_p,
-            top_k=plan.top_k,
-            request_json=request_json,
-            response_json=_own_choice(response_json, first_index + result.index),
-            branched=plan.branched,
-        )
-        for result in results
-    ]
-
-
-def _own_choice(response_json: dict[str, Any], index: int) -> dict[str, Any]:
-    if len(response_json.get("choices", ())) <= 1:  # a Responses API object has no choices
-        return response_json
-    own = [choice for choice in response_json["choices"] if choice["index"] == index]
-    return {**response_json, "choices": own}

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from proxy.balancer import Balancer, Decode, RoutingPolicy
 from proxy.errors import OpenAIError
-from proxy.generation import GenerationPlan, no_worker_error, token_versions, worker_error
+from proxy.workers.plan import GenerationPlan, no_worker_error, token_versions, worker_error
+from proxy.workers.routing import Balancer, Decode, RoutingPolicy
 from serving.client import GenerateRequest
 from serving.errors import WorkerBadRequest, WorkerConnectionError, WorkerError, WorkerHTTPError
 
@@ -43,14 +43,6 @@ Chunks = AsyncGenerator[dict[str, Any], None]
 _REPLACEMENT = "\ufffd"  # what a decoder makes of a UTF-8 character cut in two
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
-
-
-def finish_type(output: dict[str, Any]) -> str | None:
-    """`stop`, `length`, `abort`, … of a worker answer or chunk; None while it is unfinished."""
-    finish = (output.get("meta_info") or {}).get("finish_reason")
-    if finish is None:
-        return None
-    return str(finish.get("type", "stop")) if isinstance(finish, dict) else "stop"
 
 
 def resumable(output: dict[str, Any]) -> bool:

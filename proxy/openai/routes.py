@@ -8,27 +8,25 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from proxy.auth import Principal, require_principal
-from proxy.chat import create_chat_completion
-from proxy.completions import create_completion
 from proxy.errors import OpenAIError
 from proxy.hot_routes import Endpoint
-from proxy.responses_api import create_response, retrieve_response
+from proxy.openai.chat import ChatApi
+from proxy.openai.completions import CompletionsApi
+from proxy.openai.pipeline import Api, endpoint
+from proxy.openai.responses.api import ResponsesApi, retrieve_response
 from proxy.services import ProxyServices, get_services
 
 OWNER = "flywheel"
 
 
-_CREATE = {
-    "chat/completions": create_chat_completion,
-    "completions": create_completion,
-    "responses": create_response,
-}
-
-
 def hot_routes() -> dict[str, Endpoint]:
     """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): the inference POSTs, under
-    /v1 and at the root, whose handlers take the raw request (proxy/request_body.py)."""
-    return {f"{prefix}/{name}": create for name, create in _CREATE.items() for prefix in ("/v1", "")}
+    /v1 and at the root, each an API on the one call pipeline (proxy/openai/pipeline.py), which takes the
+    raw request (proxy/openai/request_body.py)."""
+    apis: dict[str, Api[Any]] = {
+        "chat/completions": ChatApi(), "completions": CompletionsApi(), "responses": ResponsesApi(),
+    }
+    return {f"{prefix}/{name}": endpoint(api) for name, api in apis.items() for prefix in ("/v1", "")}
 
 
 def build_openai_router() -> APIRouter:
@@ -49,7 +47,7 @@ def build_openai_router() -> APIRouter:
 
 def _model_object(services: ProxyServices) -> dict[str, Any]:
     return {
-        "id": services.served_model_name,
+        "id": services.model_name,
         "object": "model",
         "created": services.started_at,
         "owned_by": OWNER,
@@ -69,7 +67,7 @@ async def retrieve_model(
     _principal: Annotated[Principal, Depends(require_principal)],
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> dict[str, Any]:
-    if model_id != services.served_model_name:
+    if model_id != services.model_name:
         raise OpenAIError(
             404, f"The model '{model_id}' does not exist or you do not have access to it.",
             "invalid_request_error", param="model", code="model_not_found",

@@ -1,5 +1,4 @@
-"""The RL control API (DESIGN.md §4) and AReaL's compatible /rl routes, plus the lifespan that runs the
-session finalizer inside the proxy app's (FastAPI nests an included router's lifespan in the app's).
+"""The RL control API (docs/architecture.md, "The RL control API") and AReaL's compatible /rl routes.
 
 /rl/v1: admin keys create sessions and groups; a session key rewards, ends and reads only its own
 session (an ended session's key still works here, not for inference); an admin key does anything.
@@ -9,18 +8,15 @@ a 422, and no refusal writes anything.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
-from proxy import rl_sessions as ops
 from proxy.auth import Principal, require_admin, require_key
 from proxy.errors import OpenAIError
-from proxy.rl_schemas import (
+from proxy.rl import operations as ops
+from proxy.rl.schemas import (
     ArealEndSessionResponse,
     ArealGroupSession,
     ArealMessageResponse,
@@ -40,7 +36,6 @@ from proxy.rl_schemas import (
     SessionView,
 )
 from proxy.services import ProxyServices, get_services
-from rewards.finalizer import SessionFinalizer
 from storage.claims import latest_policy_version
 from storage.models import KeyScope, SessionStatus
 
@@ -52,8 +47,8 @@ Caller = Annotated[Principal, Depends(require_key)]
 
 
 def build_rl_router() -> APIRouter:
-    """The /rl/v1 routes, AReaL's /rl aliases, and the finalizer's lifespan."""
-    router = APIRouter(lifespan=_run_finalizer)
+    """The /rl/v1 routes and AReaL's /rl aliases."""
+    router = APIRouter()
     router.add_api_route("/rl/v1/sessions", create_session, methods=["POST"], status_code=201)
     router.add_api_route("/rl/v1/groups", create_group, methods=["POST"], status_code=201)
     router.add_api_route("/rl/v1/sessions/{session_id}", get_session, methods=["GET"])
@@ -65,21 +60,6 @@ def build_rl_router() -> APIRouter:
     router.add_api_route("/rl/set_reward", areal_set_reward, methods=["POST"])
     router.add_api_route("/rl/end_session", areal_end_session, methods=["POST"])
     return router
-
-
-@asynccontextmanager
-async def _run_finalizer(app: FastAPI) -> AsyncIterator[None]:
-    services: ProxyServices = app.state.services  # set by the app's own lifespan, which runs first
-    finalizer = SessionFinalizer(services.session_factory, services.config.finalizer)
-    services.finalizer = finalizer
-    stop = asyncio.Event()
-    sweep = asyncio.create_task(finalizer.run(stop), name="session finalizer sweep")
-    try:
-        yield
-    finally:
-        stop.set()
-        await sweep  # finishes the finalizations in flight
-        services.finalizer = None
 
 
 # /rl/v1
@@ -140,7 +120,7 @@ async def end_session(session_id: str, caller: Caller, services: Services) -> En
     return await ops.end(services, caller, session_id)
 
 
-# AReaL's proxy API (PROTOCOLS.md): thin over the same operations.
+# AReaL's proxy API: thin over the same operations.
 
 
 def _own_session(principal: Principal) -> str:

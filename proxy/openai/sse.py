@@ -1,4 +1,5 @@
-"""A server-sent-events response that notices a client leaving without a task group per response.
+"""Server-sent events: the framing of OpenAI's streams (`data: <json>`, named `event:`s, `data: [DONE]`)
+and the response that sends them, noticing a client leaving without a task group per response.
 
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) runs the body and a disconnect listener in an
 anyio task group: a cancel scope, a wrapper task and their bookkeeping on every streamed response, about
@@ -13,11 +14,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
+import msgspec
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One unnamed event (chat and legacy completion chunks, errors)."""
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def named_sse(event_type: str, payload: dict[str, Any]) -> bytes:
+    """One named event (the Responses API's)."""
+    return b"event: " + event_type.encode() + b"\ndata: " + msgspec.json.encode(payload) + b"\n\n"
 
 
 class EventStreamResponse(StreamingResponse):

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.errors import OpenAIError
-from proxy.schemas import MAX_TOP_LOGPROBS, ChatCompletionRequest
+from proxy.openai.schemas import MAX_TOP_LOGPROBS, ChatCompletionRequest
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")

@@ -7,11 +7,11 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.generation import ChoiceResult, GenerationPlan
+from proxy.openai.chat_objects import logprob_entries, tool_call_id
+from proxy.openai.responses.input import ResponsesRequest
 from proxy.parsers import ParsedOutput, ParsedToolCall
-from proxy.responses import logprob_entries, tool_call_id
-from proxy.responses_api_input import ResponsesRequest
 from proxy.tokenize import ChatTokenizer
+from proxy.workers.plan import ChoiceResult, GenerationPlan
 
 RESPONSE_PREFIX = "resp_"
 

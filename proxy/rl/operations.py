@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -16,7 +15,7 @@ from sqlalchemy import func, select, update
 
 from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key
 from proxy.errors import OpenAIError, describe_validation_errors
-from proxy.rl_schemas import (
+from proxy.rl.schemas import (
     CompletionSummary,
     EndSessionResponse,
     RewardResponse,
@@ -24,7 +23,7 @@ from proxy.rl_schemas import (
     SessionView,
 )
 from proxy.services import ProxyServices
-from rewards.finalizer import SessionFinalizer
+from proxy.sessions import new_group_id, new_session_id
 from rewards.snapshot import load_session_snapshot
 from storage.engine import SessionFactory, write_transaction
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
@@ -43,14 +42,6 @@ logger = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 
 
-def new_session_id() -> str:
-    return f"sess_{secrets.token_hex(12)}"
-
-
-def new_group_id() -> str:
-    return f"grp_{secrets.token_hex(12)}"
-
-
 async def parse_body(request: Request, model: type[Body]) -> Body:
     """The JSON body as `model`: 400 if it is not JSON, 422 if it is JSON with a wrong value. Python's
     parser reads the NaN/Infinity literals many clients send, so they reach validation as a 422."""
@@ -67,12 +58,6 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
     except ValidationError as exc:
         message, param, code = describe_validation_errors(exc.errors())
         raise OpenAIError(422, message, "invalid_request_error", param=param, code=code) from None
-
-
-def finalizer_of(services: ProxyServices) -> SessionFinalizer:
-    if services.finalizer is None:  # only between app start-up steps
-        raise OpenAIError(503, "The session finalizer is not running yet.", "server_error")
-    return services.finalizer
 
 
 async def check_may_act(
@@ -150,7 +135,7 @@ async def reward(
     """Attach a reward to a session (`completion_id` None) or to one of its completions. 409 once the
     session is finalized: its trajectories are written and the reward could no longer count."""
     await check_may_act(services, principal, session_id, "completion" if completion_id else "session")
-    finalizer = finalizer_of(services)
+    finalizer = services.finalizer
     async with finalizer.session_guard(session_id):
         status = await session_status(services.session_factory, session_id)
         if status == SessionStatus.FINALIZED.value:
@@ -176,7 +161,7 @@ async def end(
     """End a session (idempotent) and finalize it when it is ready (`finalize_now`: whatever rewards
     it has, as AReaL does)."""
     await check_may_act(services, principal, session_id)
-    finalizer = finalizer_of(services)
+    finalizer = services.finalizer
     try:
         ended = await end_session(services.session_factory, session_id)
     except LookupError:
@@ -195,7 +180,7 @@ async def end_and_finalize(services: ProxyServices, session_id: str) -> int:
     """End a session if it is still active and finalize it now, waiting for it (AReaL's key reuse)."""
     if await end_session(services.session_factory, session_id):
         logger.info("session %s ended: its key is reused", session_id)
-    return await finalizer_of(services).finalize(session_id)
+    return await services.finalizer.finalize(session_id)
 
 
 async def describe(services: ProxyServices, principal: Principal, session_id: str) -> SessionView:

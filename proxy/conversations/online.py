@@ -1,0 +1,74 @@
+"""Online keys (`flywheel keys create --online`): a long-lived key without sessions of its own. Each chat
+call on it is matched against the conversations of the active sessions its earlier calls made: a call
+that extends one joins that session (and chains token-exactly, proxy/conversations/prompt.py); any other
+call starts a new session, owned by the key (sessions.owner_key_hash, metadata origin "online"). The key
+may reward and end the sessions it owns; sessions nobody ends are ended and finalized by the
+finalizer's `session_ttl_s`, counted from their last call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from proxy.conversations.index import ConversationIndex
+from proxy.conversations.text import MessageKey, is_assistant, message_key, tools_key
+from storage.engine import SessionFactory
+from storage.queries import active_owned_sessions
+
+
+async def find_online_session(
+    index: ConversationIndex, session_factory: SessionFactory, key_hash: str,
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+) -> str | None:
+    """The session of an online key's call: the active session it owns whose conversation the call
+    extends most deeply (the newest on a tie); None when the call starts a conversation (the caller
+    then creates a session owned by the key: proxy/sessions.py)."""
+    keys = [message_key(m) for m in messages]
+    # A completion is matched by its messages and its answer, and the call must add a message after it:
+    # without an assistant message before its last, a call starts a conversation.
+    if not any(is_assistant(key) for key in keys[:-1]):
+        return None
+    return await _extended_session(index, session_factory, key_hash, tools_key(tools), keys)
+
+
+async def _extended_session(
+    index: ConversationIndex, session_factory: SessionFactory, key_hash: str, tools_id: str | None,
+    keys: Sequence[MessageKey],
+) -> str | None:
+    """The active session owned by `key_hash` whose conversation `keys` extend most deeply (the newest on
+    a tie). Of the trees in memory only those that answered one of the call's assistant messages can
+    hold it, and one query keeps those of them that are the key's and still active. The owned sessions
+    not in memory (after a restart or an eviction, or recorded by another proxy) are loaded and tried
+    when those hold none."""
+    depths = await _depths(index, index.sessions_answering(keys), tools_id, keys)
+    if depths:
+        owned = await active_owned_sessions(session_factory, key_hash, among=depths)
+        found = _deepest(owned, depths)
+        if found is not None:
+            return found
+    owned = await active_owned_sessions(session_factory, key_hash)
+    unheld = [session_id for session_id in owned if not index.holds(session_id)]
+    return _deepest(owned, await _depths(index, unheld, tools_id, keys))
+
+
+async def _depths(
+    index: ConversationIndex, session_ids: Iterable[str], tools_id: str | None, keys: Sequence[MessageKey]
+) -> dict[str, int]:
+    """The sessions of `session_ids` holding a completion that `keys` extend, with the deepest one's
+    length in messages."""
+    depths = {}
+    for session_id in session_ids:
+        tree, _loaded = await index.tree(session_id)
+        node = tree.deepest_prefix(tools_id, keys)
+        if node is not None:
+            depths[session_id] = len(node.path)
+    return depths
+
+
+def _deepest(newest_first: Sequence[str], depths: dict[str, int]) -> str | None:
+    best: str | None = None
+    for session_id in newest_first:
+        if session_id in depths and (best is None or depths[session_id] > depths[best]):
+            best = session_id
+    return best

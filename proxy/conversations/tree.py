@@ -1,0 +1,200 @@
+"""A session's conversation tree: each recorded completion is a node whose path is the messages it
+answered plus its own answer, indexed by rolling hashes of paths, so a call's messages find the deepest
+earlier completion they extend (token-exact multi-turn: docs/architecture.md, "The token-exact rule").
+
+A node is learned from its record alone: a child's request holds only its new messages, and its path is
+its parent's path plus those messages plus the assistant message the proxy answered. A record whose
+request is not a chat request (a Responses API call) carries a `chat_view` of itself instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from proxy.config import DEFAULT_MAX_NODES
+from proxy.conversations.messages import TemplateInput
+from proxy.conversations.text import (
+    ConversationKeys,
+    MessageKey,
+    is_assistant,
+    message_key,
+    prefix_hashes,
+    tools_key,
+)
+from storage.records import CompletionRecord
+
+CHAT_VIEW = "chat_view"
+RecordKeys = tuple[list[MessageKey], str | None, MessageKey]
+"""(new message keys, tools key, answer key) of a recorded completion."""
+
+_EVICT_SCAN = 64  # oldest nodes looked at per eviction (a long chain has no leaf among them)
+
+
+@dataclass(eq=False, slots=True)
+class ConversationNode:
+    """One recorded chat completion: the messages it answered plus its own assistant message."""
+
+    id: str
+    parent: ConversationNode | None
+    path: tuple[MessageKey, ...]
+    tools: str | None
+    prompt_ids: np.ndarray  # the suffix after the parent's prompt + output (all of it for a root)
+    output_ids: np.ndarray
+    path_hash: int = 0
+    children: int = 0  # nodes in memory that extend this one
+
+    def full_ids(self) -> list[int]:
+        """The whole sequence of this completion: every prompt suffix and output from the root."""
+        parts: list[np.ndarray] = []
+        node: ConversationNode | None = self
+        while node is not None:
+            parts += [node.output_ids, node.prompt_ids]
+            node = node.parent
+        return [int(t) for t in np.concatenate(parts[::-1])] if parts else []
+
+
+@dataclass(eq=False)
+class SessionTree:
+    """A session's conversation tree, indexed by the rolling hash of each node's path."""
+
+    max_nodes: int = DEFAULT_MAX_NODES
+    nodes: dict[str, ConversationNode] = field(default_factory=dict)
+    by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
+    openings: set[MessageKey] = field(default_factory=set)
+    """The first message of every conversation in the session."""
+    answers: set[MessageKey] = field(default_factory=set)
+    """The assistant message of every completion in the session."""
+    asked: set[int] = field(default_factory=set)
+    """Hashes of the messages (with tools) each completion answered: a request asking them again is a
+    resample, not an edit."""
+    foreign: set[MessageKey] = field(default_factory=set)
+    """Assistant messages clients sent that no completion of the session answered, even after a reload
+    (few-shot examples, another model's turns): they never trigger a reload again."""
+    on_answer: Callable[[MessageKey], None] | None = field(default=None, repr=False)
+    """Told of each answer new to the tree (the index of answers across sessions)."""
+
+    def add(self, record: CompletionRecord, keys: ConversationKeys | None = None) -> bool:
+        """Learn a recorded completion (`keys`: its messages' keys, if the call has them). False if its
+        parent is unknown (the tree is then incomplete)."""
+        if record.id in self.nodes:
+            return True
+        parsed = chat_record(record, keys)
+        if parsed is None:
+            return True  # not a chat completion: nothing to match against
+        new_keys, tools, answer = parsed
+        parent = self.nodes.get(record.parent_id) if record.parent_id is not None else None
+        if record.parent_id is not None and parent is None:
+            return False
+        path = (*(parent.path if parent is not None else ()), *new_keys, answer)
+        node = ConversationNode(
+            id=record.id, parent=parent, path=path, tools=tools,
+            prompt_ids=np.asarray(record.prompt_ids, dtype=np.int32),
+            output_ids=np.asarray(record.output_ids, dtype=np.int32),
+        )
+        self.nodes[node.id] = node
+        self.openings.add(path[0])
+        if answer not in self.answers:
+            self.answers.add(answer)
+            if self.on_answer is not None:
+                self.on_answer(answer)
+        hashes = prefix_hashes(tools, path)
+        node.path_hash = hashes[-1]
+        self.by_hash.setdefault(node.path_hash, []).append(node)
+        if len(hashes) > 1:
+            self.asked.add(hashes[-2])
+        if parent is not None:
+            parent.children += 1
+        if len(self.nodes) > self.max_nodes:
+            self._evict()
+        return True
+
+    def _evict(self) -> None:
+        """Forget the oldest leaves beyond `max_nodes` (a finished conversation's last turn first). A
+        later child of a forgotten node makes the tree reload from the database."""
+        leaves = [n for n in itertools.islice(self.nodes.values(), _EVICT_SCAN) if n.children == 0]
+        for node in leaves[: len(self.nodes) - self.max_nodes]:
+            del self.nodes[node.id]
+            same = self.by_hash[node.path_hash]
+            same.remove(node)
+            if not same:
+                del self.by_hash[node.path_hash]
+            if node.parent is not None:
+                node.parent.children -= 1
+
+    def add_all(self, records: Sequence[CompletionRecord]) -> bool:
+        """Learn records in any order (parents first where timestamps tie); False if some never fit."""
+        pending = list(records)
+        while pending:
+            left = [record for record in pending if not self.add(record)]
+            if len(left) == len(pending):
+                return False
+            pending = left
+        return True
+
+    def may_be_stale_for(self, keys: Sequence[MessageKey]) -> bool:
+        """Whether `keys` hold an assistant message this tree never answered: the database may know it
+        (another proxy recorded it, or this one recorded it for a caller that left before learning it)."""
+        return any(self._unknown_answer(key) for key in keys)
+
+    def note_foreign(self, keys: Sequence[MessageKey]) -> None:
+        """After a reload: the assistant messages in `keys` still unknown are not ours."""
+        self.foreign.update(key for key in keys if self._unknown_answer(key))
+
+    def _unknown_answer(self, key: MessageKey) -> bool:
+        return is_assistant(key) and key not in self.answers and key not in self.foreign
+
+    def is_branch(self, tools: str | None, keys: Sequence[MessageKey]) -> bool:
+        """Whether an unmatched request changed the session's history: it shares its first message with
+        the session's conversations (an unrelated call, another task or a title request, starts a new root
+        instead) and does not ask exactly what an earlier completion answered (a resample of a root)."""
+        if not keys or keys[0] not in self.openings:
+            return False
+        return prefix_hashes(tools, keys)[-1] not in self.asked
+
+    def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> ConversationNode | None:
+        """The deepest completion whose messages plus its answer are a prefix of `keys`, leaving at least
+        one new message; the latest such completion when several (a retried turn) tie."""
+        hashes = prefix_hashes(tools, keys)
+        for length in range(len(keys) - 1, 0, -1):
+            for node in reversed(self.by_hash.get(hashes[length - 1], ())):
+                if node.tools == tools and node.path == tuple(keys[:length]):
+                    return node
+        return None
+
+
+def chat_view(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, answer: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The `chat_view` entry of a recorded call whose request is not a chat request (the Responses
+    API): the chat-template messages it added to its parent's history, the tools it rendered, and the
+    assistant message its answer makes (None: it makes none, so nothing can extend it)."""
+    return {"messages": list(messages), "tools": list(tools) if tools else None, "answer": answer}
+
+
+def chat_record(record: CompletionRecord, keys: ConversationKeys | None = None) -> RecordKeys | None:
+    """The new message keys, tools key and answer key of a recorded completion (the message and tools
+    keys taken from `keys` when the call passed them on); None if it holds no chat conversation."""
+    view = record.request_json.get(CHAT_VIEW)
+    if isinstance(view, dict):
+        answer = view.get("answer")
+        if not isinstance(answer, dict):
+            return None
+        if keys is not None:
+            return list(keys[0]), keys[1], message_key(answer)
+        return [message_key(m) for m in view.get("messages") or ()], tools_key(view.get("tools")), \
+            message_key(answer)
+    try:
+        message = record.response_json["choices"][0]["message"]
+        if keys is not None:
+            return list(keys[0]), keys[1], message_key(message)
+        request = TemplateInput.model_validate(record.request_json)
+    except (ValidationError, KeyError, IndexError, TypeError):
+        return None
+    new_keys = [message_key(m) for m in request.template_messages()]
+    return new_keys, tools_key(request.template_tools()), message_key(message)

@@ -1,0 +1,183 @@
+"""`POST /v1/chat/completions`: the chat API on the call pipeline (proxy/openai/pipeline.py). Its messages
+and tools are the call's conversation, rendered token-exactly in the session's tree; its answer is a
+`chat.completion` object, or a stream of `chat.completion.chunk`s with parsed content, reasoning and
+tool calls."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.config import ProxyConfig
+from proxy.openai.chat_objects import (
+    chat_completion,
+    chunk,
+    finish_reason,
+    logprob_entries,
+    tool_call_id,
+    usage,
+)
+from proxy.openai.pipeline import CallContext, Part, PlannedCall
+from proxy.openai.schemas import ChatCompletionRequest
+from proxy.openai.sse import DONE, sse
+from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
+from proxy.parsers import (
+    ContentDelta,
+    OutputParser,
+    ReasoningDelta,
+    StreamEvent,
+    reasoning_parser,
+    tool_call_parser,
+)
+from proxy.tokenize import ChatTokenizer
+from proxy.workers.plan import ChoiceResult, read_choice
+from proxy.workers.resume_stream import ResumingStream
+
+logger = logging.getLogger(__name__)
+
+_PROMPT_TAIL_TOKENS = 8  # enough to see whether the prompt ends by opening a <think> block
+
+
+class ChatApi:
+    """Chat completions: request → plan."""
+
+    body_model = ChatCompletionRequest
+
+    async def plan(
+        self, call: CallContext, body: ChatCompletionRequest, request_json: dict[str, Any]
+    ) -> ChatCall:
+        messages, tools = body.template_messages(), body.template_tools()  # once: both steps read them
+        session = await call.conversation_session(messages, tools)
+        conversation = await call.prompt(session, messages, tools)
+        prompt_ids = conversation.prompt_ids
+        services = call.services
+        plan = call.plan(body, prompt_ids, session,
+                         output_parser(body, services.config, services.tokenizer, prompt_ids))
+        if conversation.new_from:
+            # A child stores only its new messages; the parent chain holds the rest.
+            request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
+        return ChatCall(session, [Part(plan, conversation)], request_json, body, services.tokenizer)
+
+
+@dataclass(eq=False)
+class ChatCall(PlannedCall):
+    """A planned chat call: results → `chat.completion` and its chunks."""
+
+    body: ChatCompletionRequest
+    tokenizer: ChatTokenizer
+
+    def response(self, results: list[list[ChoiceResult]]) -> dict[str, Any]:
+        return chat_completion(self.parts[0].plan, results[0], self.body, self.tokenizer)
+
+    def stream(
+        self, services: StreamServices, part: Part, stream: ResumingStream, first: dict[str, Any],
+        body: StreamBody,
+    ) -> GenerationStream:
+        return ChatStream(services, self, stream, first, body)
+
+    def closing(self, ended: list[tuple[int, list[ChoiceResult]]]) -> list[bytes]:
+        events = []
+        if self.body.include_usage:
+            plan = self.parts[0].plan
+            final = chunk(plan, [], include_usage=False)
+            final["usage"] = usage(len(plan.prompt_ids), [r for _, results in ended for r in results])
+            events.append(sse(final))
+        return [*events, DONE]
+
+
+def output_parser(
+    body: ChatCompletionRequest, config: ProxyConfig, tokenizer: ChatTokenizer, prompt_ids: list[int]
+) -> OutputParser:
+    """How this request's generated text becomes its message: the configured parsers, tool calls only
+    when tools are offered, and at most one call with `parallel_tool_calls: false`."""
+    if body.offers_tools and body.tool_choice not in (None, "auto"):
+        # Decoding is not constrained (the CPU engine cannot); the output is parsed as with "auto".
+        logger.debug("tool_choice %r is parsed as 'auto'", body.tool_choice)
+    reasoning = reasoning_parser(config.reasoning_parser)
+    in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(
+        tokenizer.decode(prompt_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    )
+    return OutputParser(
+        tools=tool_call_parser(config.tool_call_parser) if body.offers_tools else None,
+        reasoning=reasoning,
+        in_reasoning=in_reasoning,
+        max_tool_calls=1 if body.parallel_tool_calls is False else None,
+    )
+
+
+class ChatStream(GenerationStream):
+    """A streaming chat completion: `chat.completion.chunk`s with parsed content, reasoning and tool
+    calls."""
+
+    def __init__(
+        self, services: StreamServices, call: ChatCall, stream: ResumingStream, first: dict[str, Any],
+        body: StreamBody,
+    ) -> None:
+        part = call.parts[0]
+        plan = part.plan
+        self.body = call.body
+        self._parsers = [plan.output.stream() for _ in range(plan.n)]
+        self._parsed = [False] * plan.n
+        self._logprobs_sent = [0] * plan.n
+        self._call_ids: list[list[str]] = [[] for _ in range(plan.n)]
+        super().__init__(services, plan, call.request_json, stream, first, self.body.stop_strings(), body,
+                         part.conversation)
+
+    def _opening(self) -> None:
+        for choice in self.choices:
+            self._emit([{"index": choice.index, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}])
+
+    def _emit(self, choices: list[dict[str, Any]]) -> None:
+        self._queue.put_nowait(sse(chunk(self.plan, choices, self.body.include_usage)))
+
+    def _take(self, worker_chunk: dict[str, Any]) -> None:
+        choice = self._choice_of(worker_chunk)
+        delta, _start, end = choice.advance(worker_chunk)
+        parser = self._parsers[choice.index]
+        events = parser.feed(delta) if delta else []
+        if choice.finished and not self._parsed[choice.index]:
+            self._parsed[choice.index] = True
+            events += parser.finish()
+        deltas = [d for event in events for d in self._deltas(choice.index, event)]
+        reported = self._logprobs_sent[choice.index]
+        if not deltas:
+            if not (choice.finished and end > reported):
+                return  # the text of these tokens is held back: their logprobs go with it
+            deltas = [{"content": ""}]  # tokens with no text (an end-of-sequence token)
+        logprobs = None
+        if self.body.wants_logprobs and end > reported:
+            partial = read_choice(worker_chunk, choice.index, final=False)
+            top = partial.top_logprobs[reported:end] if partial.top_logprobs else None
+            content = logprob_entries(self.services.tokenizer, partial.output_ids[reported:end],
+                                      partial.logprobs[reported:end], top, self.body.top_logprobs or 0)
+            logprobs = {"content": content, "refusal": None}
+        self._logprobs_sent[choice.index] = max(end, reported)
+        self._note_content()
+        for position, delta_json in enumerate(deltas):
+            self._emit([{"index": choice.index, "delta": delta_json,
+                         "logprobs": logprobs if position == 0 else None, "finish_reason": None}])
+
+    def _deltas(self, index: int, event: StreamEvent) -> list[dict[str, Any]]:
+        """OpenAI's deltas for one parser event. A tool call is two: its id and name with empty
+        arguments, then the arguments (later deltas carry only the index and argument text)."""
+        if isinstance(event, ContentDelta):
+            return [{"content": event.text}]
+        if isinstance(event, ReasoningDelta):
+            return [{"reasoning_content": event.text}]
+        call_id = tool_call_id()
+        self._call_ids[index].append(call_id)
+        opening = {"index": event.index, "id": call_id, "type": "function",
+                   "function": {"name": event.call.name, "arguments": ""}}
+        arguments = {"index": event.index, "function": {"arguments": event.call.arguments}}
+        return [{"tool_calls": [opening]}, {"tool_calls": [arguments]}]
+
+    def _response(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        return chat_completion(self.plan, results, self.body, self.services.tokenizer,
+                               dict(enumerate(self._call_ids)))
+
+    def _emit_end(self, results: list[ChoiceResult]) -> None:
+        for result in results:
+            reason = finish_reason(result.finish_reason, bool(self._call_ids[result.index]))
+            self._emit([{"index": result.index, "delta": {}, "logprobs": None, "finish_reason": reason}])

@@ -1,0 +1,266 @@
+"""The one call pipeline of the OpenAI surface. Every inference call, whichever API it speaks, goes
+decode → key → validate → session → prompt → plan → generate or stream → record → answer here, with
+one place for each decision: which session a call belongs to, when a one-off session is created and
+ended, how a failure is answered, what is recorded before the answer.
+
+Each API (chat completions, legacy completions, the Responses API) is an `Api`: it turns a valid request
+into a `PlannedCall` ("request → plan"), and its `PlannedCall` turns results into the response object,
+the records and the stream's events ("results → response"). Nothing here knows an API's wire format.
+
+Which session a call belongs to (`CallSession`):
+- a session key: its own session;
+- an online key: for a conversation call, the active session it owns whose conversation the call
+  extends (proxy/conversations/online.py), else a new session owned by the key; a raw-prompt call is a
+  conversation of its own;
+- an admin key: a one-off session, ended as soon as the call's completions are recorded and never
+  trained on. The `x-flywheel-session-id` header names it (reward it through the RL API like any other).
+A new session is created only once the request is known to be valid and planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from proxy.auth import Principal, require_principal
+from proxy.conversations.online import find_online_session
+from proxy.conversations.prompt import ConversationPrompt
+from proxy.errors import OpenAIError
+from proxy.openai.request_body import decoded_body, validated_body
+from proxy.openai.sse import DONE, SSE_HEADERS, EventStreamResponse
+from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices, start_streams
+from proxy.parsers import OutputParser
+from proxy.recording.records import NO_CONVERSATION, completion_records
+from proxy.services import ProxyServices
+from proxy.sessions import ADMIN_CALL_ORIGIN, ONLINE_ORIGIN, Origin, create_hidden_session, new_session_id
+from proxy.workers.calls import generate, open_stream
+from proxy.workers.plan import ChoiceResult, GenerationPlan, SamplingRequest, plan_generation
+from proxy.workers.resume_stream import ResumingStream
+from storage.queries import end_session
+from storage.records import CompletionRecord
+
+SESSION_HEADER = "x-flywheel-session-id"
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class CallSession:
+    """The session a call belongs to. `origin` is set for one the proxy creates for the call (once it is
+    planned): a one-off admin call's, or a new conversation's on an online key (`owner`)."""
+
+    id: str
+    origin: Origin | None = None
+    owner: str | None = None
+
+    @property
+    def is_new(self) -> bool:
+        return self.origin is not None
+
+    @property
+    def one_off(self) -> bool:
+        """An admin call's session: no history, ended once the call is recorded."""
+        return self.origin == ADMIN_CALL_ORIGIN
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One generation of a call (a legacy completion has one per prompt): its plan, its place in the
+    session's conversation, and the response index of its choice 0."""
+
+    plan: GenerationPlan
+    conversation: ConversationPrompt = NO_CONVERSATION
+    first_index: int = 0
+
+
+class CallContext:
+    """What an API's planning step may use: the services, the caller, and the call's session."""
+
+    def __init__(self, services: ProxyServices, principal: Principal) -> None:
+        self.services = services
+        self.principal = principal
+
+    def new_session(self) -> CallSession:
+        """The session of a call that extends no conversation: the session key's own, else a new one."""
+        principal = self.principal
+        if principal.session_id is not None:
+            return CallSession(principal.session_id)
+        if principal.scope == "online":
+            return CallSession(new_session_id(), ONLINE_ORIGIN, principal.key_hash)
+        return CallSession(new_session_id(), ADMIN_CALL_ORIGIN)
+
+    async def conversation_session(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> CallSession:
+        """The session of a conversation call: an online key's call joins the session whose
+        conversation it extends, when one of the key's does."""
+        principal = self.principal
+        if principal.scope == "online" and principal.key_hash is not None:
+            services = self.services
+            found = await find_online_session(
+                services.conversations, services.session_factory, principal.key_hash, messages, tools
+            )
+            if found is not None:
+                return CallSession(found)
+        return self.new_session()
+
+    async def prompt(
+        self, session: CallSession, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> ConversationPrompt:
+        """The call's prompt, chained in its session's conversation (a one-off session has none)."""
+        prompter = self.services.prompter
+        if session.one_off:
+            return await prompter.render(messages, tools)
+        return await prompter.prompt(session.id, messages, tools, new=session.is_new)
+
+    def plan(
+        self, body: SamplingRequest, prompt_ids: list[int], session: CallSession,
+        output: OutputParser | None = None, completion_ids: tuple[str, ...] | None = None,
+        prompt_param: str = "messages",
+    ) -> GenerationPlan:
+        services = self.services
+        return plan_generation(
+            body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session.id,
+            services.model_name, output, completion_ids, prompt_param,
+        )
+
+
+@dataclass(eq=False)
+class PlannedCall(ABC):
+    """A valid call, planned: its session, its generations, and the request its completions record.
+    Subclasses (one per API) say what its results become."""
+
+    session: CallSession
+    parts: list[Part]
+    request_json: dict[str, Any]
+    """What each completion records as its request (a child stores only its new messages)."""
+    last_event: ClassVar[bytes | None] = DONE
+    """The event that ends the API's streams (sent with the end of the response), if it has one."""
+
+    @abstractmethod
+    def response(self, results: list[list[ChoiceResult]]) -> dict[str, Any]:
+        """The response object of a non-streaming call: `results[i]` are part i's choices."""
+
+    def records(self, results: list[list[ChoiceResult]], response: dict[str, Any]) -> list[CompletionRecord]:
+        """The completions the call records (one per choice of every part)."""
+        return [
+            record for part, choices in zip(self.parts, results, strict=True)
+            for record in completion_records(part.plan, choices, self.request_json, response,
+                                             part.conversation, part.first_index)
+        ]
+
+    @abstractmethod
+    def stream(
+        self, services: StreamServices, part: Part, stream: ResumingStream, first: dict[str, Any],
+        body: StreamBody,
+    ) -> GenerationStream:
+        """The stream relaying one part's generation to the client."""
+
+    def closing(self, ended: list[tuple[int, list[ChoiceResult]]]) -> list[bytes]:
+        """The events after every part's stream ended normally (usage, `data: [DONE]`)."""
+        return [DONE] if self.last_event == DONE else []
+
+
+class Api(Protocol, Generic[Body]):
+    """One API of the OpenAI surface: the body it validates, and its planning step."""
+
+    body_model: type[Body]
+
+    async def plan(self, call: CallContext, body: Body, request_json: dict[str, Any]) -> PlannedCall: ...
+
+
+@dataclass(eq=False)
+class _SessionEnd:
+    """Ends a one-off session once, after the call's completions are recorded (or it failed)."""
+
+    services: ProxyServices
+    session_id: str
+    done: bool = field(default=False)
+
+    async def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            await end_session(self.services.session_factory, self.session_id)
+
+
+def endpoint(api: Api[Any]) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler serving `api`'s calls."""
+
+    async def serve(request: Request) -> Response:
+        return await serve_call(request, api)
+
+    return serve
+
+
+async def serve_call(request: Request, api: Api[Any]) -> Response:
+    """Serve one inference call of `api` from its raw request."""
+    # Taken by hand (decoded once), in FastAPI's order: unparsable JSON, the key, then the body's fields.
+    request_json = await decoded_body(request)
+    principal = await require_principal(request)
+    services: ProxyServices = request.app.state.services
+    body = validated_body(request_json, api.body_model)
+    call = await api.plan(CallContext(services, principal), body, request_json)
+    session = call.session
+    if session.is_new:
+        assert session.origin is not None
+        await create_hidden_session(services.session_factory, session.origin, session.owner, session.id)
+    end = _SessionEnd(services, session.id) if session.one_off else None
+    headers = {SESSION_HEADER: session.id}
+    try:
+        if getattr(body, "streaming", False):
+            return await _stream(services, call, end, headers)
+        return await _answer(services, call, headers)
+    finally:
+        if end is not None and not getattr(body, "streaming", False):
+            await end()
+
+
+async def _answer(services: ProxyServices, call: PlannedCall, headers: dict[str, str]) -> Response:
+    """Generate every part, record every completion, then answer; 500 (and no answer) if the
+    completions could not be recorded."""
+    results = list(await asyncio.gather(*(generate(services.balancer, part.plan) for part in call.parts)))
+    response = call.response(results)
+    records = call.records(results, response)
+    keys = call.parts[0].conversation.keys if len(call.parts) == 1 else None
+    prompt_tokens = sum(len(part.plan.prompt_ids) for part in call.parts)
+    try:
+        await services.recorder.record(records, keys, prompt_tokens)
+    except Exception as exc:
+        raise OpenAIError(
+            500, "The completion could not be recorded, so it is not returned.", "server_error",
+            code="record_failed",
+        ) from exc
+    return Response(msgspec.json.encode(response), media_type="application/json", headers=headers)
+
+
+async def _stream(
+    services: ProxyServices, call: PlannedCall, end: _SessionEnd | None, headers: dict[str, str]
+) -> Response:
+    """Open one worker stream per part (if one cannot be opened, those already open are closed and the
+    call fails as a whole), then answer with their events as they come."""
+    opened: list[tuple[ResumingStream, dict[str, Any]]] = []
+    try:
+        for part in call.parts:
+            opened.append(await open_stream(services.balancer, part.plan))
+    except OpenAIError:
+        for stream, _first in opened:
+            await stream.aclose()  # closes the worker connection (aborting there) and ends the lease
+        if end is not None:
+            await end()
+        raise
+    body = StreamBody(call.closing, end)
+    stream_services = StreamServices(services.recorder, services.metrics, services.tokenizer,
+                                     services.background.spawn)
+    streams = [call.stream(stream_services, part, stream, first, body)
+               for part, (stream, first) in zip(call.parts, opened, strict=True)]
+    start_streams(streams)
+    return EventStreamResponse(body.events(), body.stop_reading, {**SSE_HEADERS, **headers},
+                               last_event=call.last_event)
