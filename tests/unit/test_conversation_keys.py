@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.conversation_text import message_key, tools_key
-from proxy.conversations import SessionTree, chat_record
-from proxy.schemas import ChatCompletionRequest
+from proxy.conversations.text import message_key, tools_key
+from proxy.conversations.tree import SessionTree, chat_record
+from proxy.openai.schemas import ChatCompletionRequest
 from storage.records import CompletionRecord
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

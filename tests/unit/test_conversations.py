@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy.conversation_text import (
+from proxy.conversations.text import (
     SuffixError,
     canonical_arguments,
     closed_length,
@@ -18,7 +18,7 @@ from proxy.conversation_text import (
     render_suffix,
     tools_key,
 )
-from proxy.conversations import SessionTree
+from proxy.conversations.tree import SessionTree
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
 from storage.records import CompletionRecord
 from tests.support.qwen3_template import QWEN3_STYLE_TEMPLATE

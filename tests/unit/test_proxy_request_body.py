@@ -10,8 +10,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.testclient import TestClient
 
 from proxy.errors import OpenAIError, install_error_handlers
-from proxy.request_body import decoded_body, validated_body
-from proxy.schemas import ChatCompletionRequest
+from proxy.openai.request_body import decoded_body, validated_body
+from proxy.openai.schemas import ChatCompletionRequest
 
 GOOD = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 JSON = {"content-type": "application/json", "authorization": "Bearer k"}

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proxy.balancer import Balancer
 from proxy.errors import OpenAIError, describe_validation_errors
-from proxy.generation import plan_generation, policy_version, read_choice, token_versions
 from proxy.metrics import ProxyMetrics
-from proxy.schemas import ChatCompletionRequest
-from proxy.streaming import ChoiceStream
+from proxy.openai.schemas import ChatCompletionRequest
+from proxy.openai.streaming import ChoiceStream
 from proxy.tokenize import ChatTokenizer
+from proxy.workers.plan import plan_generation, policy_version, read_choice, token_versions
+from proxy.workers.routing import Balancer
 from serving.client import SGLangClient
 from serving.config import ClientConfig
 from serving.errors import WorkerProtocolError
