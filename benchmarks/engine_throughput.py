@@ -5,7 +5,7 @@ sequential loop of plain `model.generate` on the same model in the same process.
 
 Every request makes exactly `--new-tokens` tokens (greedy with `ignore_eos`; the baseline uses
 `min_new_tokens`), so the rows compare like with like. Both sides are warmed up before timing, and
-each row is the best of `--repeats` runs: on a shared 2-core box other processes only ever slow a run
+each row is the best of `--repeats` runs: on a shared machine other processes only ever slow a run
 down, so the best run is the closest to what the code itself can do.
 """
 

@@ -12,7 +12,7 @@ Every server runs in its own process, started and stopped here (ports freed, the
 dropped); Flywheel is started as `flywheel proxy` runs it (uvicorn, migrated database, session keys from
 the RL API, one session per client). The load generator (closed-loop aiohttp clients) runs in this
 process. Added latency = the stack's percentile minus the worker's own at the same concurrency and mode.
-Every Flywheel answer is checked to be a recorded completion. Targets (issue 4): p50 added <= 1 ms at 1
+Every Flywheel answer is checked to be a recorded completion. Targets: p50 added <= 1 ms at 1
 client; at 16 clients >= 10x LiteLLM's and >= 30% of the passthrough's requests/s.
 
 After the sweep, the rounds (benchmarks/overhead/rounds.py) measure every proxy but LiteLLM again at 1 and
@@ -220,8 +220,8 @@ def _logs() -> Iterator[Path]:
 
 
 def _rounds(run: Run, logs: Path) -> None:
-    """The rounds (benchmarks/overhead/rounds.py) over the proxies measured, LiteLLM aside (its
-    ~10 ms is no close call, and it takes the longest to start)."""
+    """The rounds (benchmarks/overhead/rounds.py) over the proxies measured, LiteLLM aside (it is far
+    from every target, so no close call, and it takes the longest to start)."""
     args = run.args
     names = [name for name in args.only if name not in (BASELINE, "worker-generate", "litellm")]
     if not args.rounds or not names:

@@ -12,9 +12,10 @@ Conventions ("individual" style, one trajectory per trainable completion):
 - Trajectory reward `R_i = r_i + γ·R_{i+1}`, walking back from the last trainable completion (AReaL's
   convention), so with γ = 1 every turn gets the session reward plus all rewards from itself onward.
 - Sequences: `token_ids = full prompt + output`; the full prompt of a completion with a parent is rebuilt
-  from the chain (`parent prompt + parent output + own suffix`, DESIGN.md §3). `loss_mask` is False on
-  the prompt and True on the output; `logprobs` 0.0 on the prompt and the sampled logprobs on the output;
-  `versions` -1 on the prompt and each output token's policy version; `temperature` the completion's.
+  from the chain (`parent prompt + parent output + own suffix`; docs/architecture.md, "The token-exact
+  rule"). `loss_mask` is False on the prompt and True on the output; `logprobs` 0.0 on the prompt and the
+  sampled logprobs on the output; `versions` -1 on the prompt and each output token's policy version;
+  `temperature` the completion's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one retry-with-exponential-backoff helper for I/O edges (STYLE: retries only here)."""
+"""The one retry-with-exponential-backoff helper for I/O edges: nothing else in Flywheel retries."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ class StorageConfig(BaseModel):
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     """SQLite's fsync policy. In WAL mode NORMAL keeps every committed transaction when a process
     crashes (a `kill -9`d proxy loses nothing it answered) and only a power loss or OS crash can drop
-    the last commits; it saves an fsync per commit (~5-7 ms here), which is most of the proxy's
-    recording cost. FULL also survives power loss."""
+    the last commits; it saves an fsync per commit, which is most of the proxy's recording cost.
+    FULL also survives power loss."""
 
     @field_validator("url")
     @classmethod

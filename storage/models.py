@@ -1,4 +1,5 @@
-"""ORM models: the tables of DESIGN.md §5. Alembic migrations in migrations/ must match them exactly."""
+"""ORM models: the tables of docs/architecture.md, "Storage". Alembic migrations in migrations/ must match
+them exactly."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ class ApiKeyRecord:
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class CompletionRecord:
     """One LLM call as the proxy records it. With `parent_id`, `prompt_ids` holds only the suffix after
-    the parent's prompt + output tokens, and `request_json` only the new messages (DESIGN.md §5)."""
+    the parent's prompt + output tokens, and `request_json` only the new messages (docs/architecture.md,
+    "Storage")."""
 
     id: str  # chatcmpl-… (chat) or cmpl-…-<index> (completions)
     session_id: str

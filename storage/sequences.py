@@ -13,7 +13,8 @@ from storage.records import CompletionRecord
 
 def full_prompt_ids(chain: Sequence[CompletionRecord]) -> IntArray:
     """The prompt the last completion of a root-first chain was sampled from:
-    `p0 + o0 + p1 + o1 + … + pk`, where each `p` is a stored suffix and each `o` an output (DESIGN.md §3)."""
+    `p0 + o0 + p1 + o1 + … + pk`, where each `p` is a stored suffix and each `o` an output
+    (docs/architecture.md, "The token-exact rule")."""
     if not chain:
         raise ValueError("an empty chain has no prompt")
     for parent, child in pairwise(chain):

@@ -76,7 +76,8 @@ def _lengths(versions: Tensor) -> Tensor:  # (B,)
 def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> TrainBatch:
     """Right-pad `samples` into a TrainBatch, every per-token field shifted to line up with the logits.
 
-    Behaviour logprobs outside the loss mask are zeroed: they may hold anything (DESIGN §2).
+    Behaviour logprobs outside the loss mask are zeroed: they may hold anything (docs/architecture.md,
+    "Vocabulary").
     """
     if not samples:
         raise ValueError("cannot collate an empty batch")

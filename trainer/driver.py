@@ -1,4 +1,5 @@
-"""The trainer's loop (DESIGN.md §6): claim → train → save → push → record, one policy version per step.
+"""The trainer's loop (docs/architecture.md, "One training step"): claim → train → save → push → record,
+one policy version per step.
 
 Step `s` trains the policy of version `s − 1` on samples at most η versions older, and produces
 version `s`; its checkpoint is pushed to every worker before the step, the new version and the

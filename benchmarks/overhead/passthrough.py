@@ -2,10 +2,11 @@
 ClientSession upstream, the body and the answer copied through (streams chunk by chunk), no parsing,
 no auth, no recording.
 
-With `--sqlite PATH` it is the floor of a proxy that records (DESIGN.md 7b's "same + one SQLite row per
-request"): each request and its answer are inserted as one row (sqlite3, WAL, synchronous=NORMAL, on one
-writer thread, one transaction per request) and committed before the answer ends (a stream's last piece
-is held back until then), as Flywheel records before it answers. Still no parsing and no auth.
+With `--sqlite PATH` it is the floor of a proxy that records (the `passthrough-sqlite` stack of
+benchmarks/results/proxy_overhead.json): each request and its answer are inserted as one row (sqlite3,
+WAL, synchronous=NORMAL, on one writer thread, one transaction per request) and committed before the
+answer ends (a stream's last piece is held back until then), as Flywheel records before it answers.
+Still no parsing and no auth.
 With `--postgres URL` the row goes to Postgres instead: one INSERT in autocommit per request on a pool
 of asyncpg connections, the floor of a proxy that records there.
 

@@ -1,11 +1,10 @@
 """Added latency at 1 client (and requests/s at more), measured in rounds.
 
-One cell per stack measures one process of it over one stretch of time, and on these shared 2-core
-machines both move the p50 at 1 client. Two processes of the same proxy code, measured in alternation
-for six rounds, differed by 0.06 ms in the median (json). The same stack, restarted for each of ten
-rounds, spanned 0.3 ms (1.10 to 1.40 ms). The worker's own p50, which every added latency is taken
-against, drifts as well. On Postgres the 1 ms target sits 0.1 to 0.3 ms above the floor of a recording
-proxy, so a single cell decides it by luck.
+One cell per stack measures one process of it over one stretch of time, and on a shared machine both
+move the p50 at 1 client: two processes of the same proxy code differ, the same stack restarted lands
+somewhere else each time, and the worker's own p50, which every added latency is taken against, drifts
+as well. Where a target sits close to the floor of a recording proxy (the 1 ms target on Postgres), a
+single cell decides it by luck.
 
 So each round starts every server afresh: a new worker, measured directly, then each stack in front of it
 (in an order rotated every round), then the worker again. A stack's added latency in a round is its p50
@@ -13,7 +12,7 @@ minus the mean of the worker's two p50s in that round, and the figure is the med
 stack adds beyond its floor is the median of their differences round by round, both measured in front of
 the same worker minutes apart at most.
 
-A process's luck moves its throughput as well (the same proxy, restarted ten times, did 2,010 to 3,007
+A process's luck moves its throughput as well (the same proxy, restarted, does markedly more or fewer
 requests/s at 16 clients), so the rounds also measure each stack at more clients when asked; a stack's
 share of another's requests/s is then the median of the rounds' ratios.
 """

@@ -1,6 +1,7 @@
 """The benchmark's zero-latency upstream: the scripted SGLang worker of the tests (`POST /generate`,
-stream and not, cumulative chunks, DESIGN.md §4) that also answers `POST /v1/chat/completions` (stream
-and not), so a peer proxy such as LiteLLM can sit in front of the same process.
+stream and not, cumulative chunks; docs/architecture.md, "Wire protocols") that also answers
+`POST /v1/chat/completions` (stream and not), so a peer proxy such as LiteLLM can sit in front of the
+same process.
 
     python -m benchmarks.overhead.worker --port 30000
 """

@@ -1,4 +1,5 @@
-"""A thin client of Flywheel's public RL control API (/rl/v1, DESIGN.md §4) over plain HTTP.
+"""A thin client of Flywheel's public RL control API (/rl/v1; docs/architecture.md, "Wire protocols")
+over plain HTTP.
 
 It knows only the proxy's root URL and a key; every failure becomes a `FlywheelAPIError` whose message
 says what was called and what the proxy answered (its OpenAI-shaped error message), or that nothing

@@ -1,5 +1,5 @@
 """Initial schema: api_keys, groups, sessions, completions, rewards, trajectories, policy_versions,
-train_steps (DESIGN.md §5).
+train_steps (docs/architecture.md, "Storage").
 
 Revision ID: 0001
 Revises:

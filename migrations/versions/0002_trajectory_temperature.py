@@ -1,5 +1,6 @@
 """trajectories.temperature: the sampling temperature of a trajectory's generated tokens, so the trainer
-computes its logprobs at the temperature they were sampled with (DESIGN.md §3).
+computes its logprobs at the temperature they were sampled with (docs/architecture.md, "The token-exact
+rule").
 
 Revision ID: 0002
 Revises: 0001

@@ -26,7 +26,8 @@ from serving.engine.protocol import MalformedRequest
 from serving.engine.replies import error_response, field, json_object, json_response
 from serving.engine.scheduler import Engine
 from serving.engine.weights import CheckpointError, read_checkpoint
-from serving.models.loading import LoadedModel, copy_tensors_strict
+from serving.models.loading import LoadedModel
+from serving.models.tensors import copy_tensors_strict
 
 logger = logging.getLogger(__name__)
 

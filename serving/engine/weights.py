@@ -14,8 +14,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from serving.models.loading import check_checkpoint, checkpoint_files
-from serving.models.paths import ModelLoadError
+from serving.models.errors import ModelLoadError
+from serving.models.loading import checkpoint_files
+from serving.models.tensors import check_checkpoint
 
 logger = logging.getLogger(__name__)
 

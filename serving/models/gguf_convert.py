@@ -4,7 +4,7 @@ reads) dequantized into a plain transformers model, and save it as a safetensors
 `from_pretrained(gguf_file=...)` would need `accelerate` just for a start-up check, and its result may
 hold packed GGUF modules that `save_pretrained` cannot write. So this builds the model from the GGUF's
 config and fills it with transformers' own dequantizer (the path `from_pretrained` itself takes for
-llama-family files; measured bit-identical on the demo model).
+llama-family files, so the weights are the ones it would load).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.models.chat_template import CHATML_TOOLS_TEMPLATE
+from serving.models.tensors import copy_tensors_strict
 
 if TYPE_CHECKING:
     import torch
@@ -44,8 +45,6 @@ def load_gguf_model(gguf_path: Path, dtype: torch.dtype | None = None) -> PreTra
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from serving.models.loading import copy_tensors_strict
 
     dtype = dtype or torch.float32
     started = time.perf_counter()

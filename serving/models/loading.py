@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.models.paths import ModelLoadError, default_cache_dir, resolve_model_dir
+from serving.models.errors import ModelLoadError, WeightsMismatchError
+from serving.models.paths import default_cache_dir, resolve_model_dir
+from serving.models.tensors import check_checkpoint, copy_tensors_strict
 
 if TYPE_CHECKING:
     import torch
@@ -35,11 +36,6 @@ logger = logging.getLogger(__name__)
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-_MAX_LISTED = 8
-
-
-class WeightsMismatchError(ModelLoadError):
-    """A checkpoint's tensor names or shapes differ from the model's; nothing was loaded."""
 
 
 @dataclass(frozen=True)
@@ -120,43 +116,6 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if not files:
         raise ModelLoadError(f"No safetensors checkpoint in {model_dir} ({SAFETENSORS_FILE} or an index)")
     return files
-
-
-def check_checkpoint(model: PreTrainedModel, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
-    """Raise `WeightsMismatchError` unless `shapes` (name → shape) covers exactly the model's state."""
-    targets = model.state_dict(keep_vars=True)
-    tied: dict[int, list[str]] = {}  # tied weights are one Parameter under several names
-    for name, tensor in targets.items():
-        tied.setdefault(id(tensor), []).append(name)
-    missing = [" = ".join(names) for names in tied.values() if not any(name in shapes for name in names)]
-    unexpected = sorted(set(shapes) - set(targets))
-    wrong_shape = [
-        f"{name} (checkpoint {list(shape)}, model {list(targets[name].shape)})"
-        for name, shape in shapes.items()
-        if name in targets and tuple(targets[name].shape) != tuple(shape)
-    ]
-    found = (("missing", missing), ("unexpected", unexpected), ("with a wrong shape", wrong_shape))
-    problems = [
-        f"{len(items)} {what}: {', '.join(items[:_MAX_LISTED])}{', …' if len(items) > _MAX_LISTED else ''}"
-        for what, items in found
-        if items
-    ]
-    if problems:
-        raise WeightsMismatchError(
-            f"Checkpoint {source} does not fit the {type(model).__name__} model; nothing was loaded. "
-            f"Tensors {'; '.join(problems)}"
-        )
-
-
-def copy_tensors_strict(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], source: str) -> None:
-    """Copy in-memory `tensors` into `model` in place, with `load_weights_into`'s strictness."""
-    import torch
-
-    check_checkpoint(model, {name: tuple(tensor.shape) for name, tensor in tensors.items()}, source)
-    targets = model.state_dict(keep_vars=True)
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            targets[name].copy_(tensor)
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:

@@ -16,6 +16,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from serving.models.errors import ModelLoadError, ModelNotFoundError
+from serving.models.gguf_convert import convert_gguf
+from serving.models.tiny import build_tiny_model
+
 logger = logging.getLogger(__name__)
 
 DEMO_MODEL = "demo"
@@ -28,14 +32,6 @@ CACHE_FORMAT = 1
 # Leaves out the .bin/.pth/.gguf/onnx duplicates many repositories also carry.
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "tokenizer*"]
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found, converted or loaded; the message says which and what to do."""
-
-
-class ModelNotFoundError(ModelLoadError):
-    """The model string names nothing this machine has or can fetch."""
 
 
 def default_cache_dir() -> Path:
@@ -102,8 +98,6 @@ def gguf_cache_name(gguf_path: Path, prefix: str | None = None) -> str:
 
 def converted_gguf_dir(gguf_path: Path, models_dir: Path, prefix: str | None = None) -> Path:
     """The safetensors conversion of `gguf_path` under `models_dir`, made now if not there yet."""
-    from serving.models.gguf_convert import convert_gguf
-
     final_dir = models_dir / gguf_cache_name(gguf_path, prefix)
     return build_once(final_dir, lambda out: convert_gguf(gguf_path, out))
 
@@ -184,8 +178,6 @@ def download_from_hub(repo_id: str) -> Path:
 
 
 def _build_tiny(out_dir: Path) -> None:
-    from serving.models.tiny import build_tiny_model
-
     build_tiny_model(out_dir, seed=0)
 
 

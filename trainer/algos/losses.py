@@ -12,13 +12,11 @@ arithmetic, so whatever values they hold never reach the loss or the gradients.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from trainer.config import LossConfig
+from trainer.algos.config import LossConfig
 
 Stats = dict[str, Tensor]
 
