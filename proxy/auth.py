@@ -35,7 +35,7 @@ Scope = Literal["admin", "session", "online"]
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling: an admin, the holder of one session's key, or of an online key (whose calls join
-    the sessions it owns by conversation: proxy/online.py)."""
+    the sessions it owns by conversation: proxy/conversations/online.py)."""
 
     scope: Scope
     session_id: str | None

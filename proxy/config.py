@@ -73,7 +73,8 @@ class ProxyConfig(BaseModel):
     conversation: checking every turn would make a T-turn session cost O(T²) tokenizer work again, the
     cost chaining exists to avoid. A sample is enough for a diagnostic."""
     conversation_sessions_max: int = Field(DEFAULT_MAX_SESSIONS, ge=1)
-    """Sessions whose conversation trees (token-exact multi-turn chaining, DESIGN.md §3) stay in memory,
+    """Sessions whose conversation trees (token-exact multi-turn chaining: docs/architecture.md,
+    "The token-exact rule") stay in memory,
     least recently used first out; a session that dropped out is reloaded from the database on its next
     call, so this bounds memory, never correctness."""
     conversation_nodes_max: int = Field(DEFAULT_MAX_NODES, ge=1)
@@ -88,7 +89,7 @@ class ProxyConfig(BaseModel):
     otel_telemetry: bool = False
     """FastAPI's OpenTelemetry spans, metrics and logs per request (exported only where OTel providers
     are configured). Off by default: the proxy has its own Prometheus metrics, and even unexported,
-    FastAPI asks the environment for OTel providers on every request (~3% of a request's CPU)."""
+    FastAPI asks the environment for OTel providers on every request, which shows in profiles."""
     finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)
     """The session finalizer the proxy runs: turn discount, missing rewards, session TTL, sweeps."""
 

@@ -2,10 +2,10 @@
 
 Every request to a FastAPI app passes uvicorn's proxy-headers middleware, Starlette's server-error and
 exception middleware, FastAPI's exit-stack middleware and the router's scan of every route, and each of
-their send wrappers on the way out: on these 2-core machines that was ~0.1 ms of a chat completion's
-~1 ms of proxy CPU, for nothing the chat handler uses (it takes the raw request: proxy/request_body.py).
+their send wrappers on the way out: a tenth of a chat completion's proxy CPU in profiles, for nothing
+the inference handlers use (they take the raw request: proxy/openai/request_body.py).
 `ProxyApp` answers POSTs to its hot paths directly, with what those layers did for them: the request
-context (request id, metrics, proxy/app.py's `RequestContextMiddleware`) and the same OpenAI-shaped
+context (request id, metrics: proxy/request_context.py) and the same OpenAI-shaped
 error answers (proxy/errors.py `error_answer`). Everything else goes through FastAPI as before.
 """
 

@@ -1,5 +1,6 @@
-"""Pure pieces of token-exact multi-turn conversations (DESIGN.md §3): what makes two messages "the same"
-for prefix matching, and the tokens the chat template adds after a parent completion's output.
+"""Pure pieces of token-exact multi-turn conversations (docs/architecture.md, "The token-exact rule"): what
+makes two messages "the same" for prefix matching, and the tokens the chat template adds after a parent
+completion's output.
 
 Matching keys ignore what clients rewrite or drop: tool-call ids, `tool_call_id`, `name` and
 `reasoning_content` (agents often drop it, and the parent's output tokens keep the reasoning anyway).
@@ -55,7 +56,7 @@ def canonical_arguments(arguments: Any) -> str:
 
 def content_text(content: Any) -> str:
     """Content as the template sees it: a string, text parts joined by newlines (as
-    proxy.openai.schemas.ChatMessage.text joins them), None as the empty string."""
+    proxy.conversations.messages.ChatMessage.text joins them), None as the empty string."""
     if content is None:
         return ""
     if isinstance(content, str):

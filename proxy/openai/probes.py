@@ -5,7 +5,7 @@ hermes-agent (agent/model_metadata.py) asks a local endpoint `GET /api/v1/models
 list: a 200 makes it treat the server as LM Studio and read `models[].key` and
 `models[].loaded_instances[].config.context_length`), then `POST /api/show` (Ollama's: it reads
 `model_info["<arch>.context_length"]`, `parameters` ("num_ctx N") and `capabilities`), then the OpenAI
-`GET /v1/models/{id}` and `GET /v1/models` (proxy/openai_routes.py; `max_model_len`). A non-200 from
+`GET /v1/models/{id}` and `GET /v1/models` (proxy/openai/routes.py; `max_model_len`). A non-200 from
 any of them only makes it try the next, so unknown model names get each API's own 404.
 
 Same keys as the OpenAI routes (`require_principal`): agents send their key with every probe."""

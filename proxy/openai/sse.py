@@ -3,7 +3,7 @@ and the response that sends them, noticing a client leaving without a task group
 
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) runs the body and a disconnect listener in an
 anyio task group: a cancel scope, a wrapper task and their bookkeeping on every streamed response, about
-a tenth of a streamed request's CPU here. Our bodies are fed by their own reader tasks, so on a
+a tenth of a streamed request's CPU in profiles. Our bodies are fed by their own reader tasks, so on a
 disconnect it is enough to tell them to stop (`on_disconnect`): the body then ends by itself, its
 generation recorded as aborted; the listener is one plain task, cancelled when the body is done.
 """

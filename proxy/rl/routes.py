@@ -1,4 +1,4 @@
-"""The RL control API (docs/architecture.md, "The RL control API") and AReaL's compatible /rl routes.
+"""The RL control API (docs/architecture.md, "Wire protocols") and AReaL's compatible /rl routes.
 
 /rl/v1: admin keys create sessions and groups; a session key rewards, ends and reads only its own
 session (an ended session's key still works here, not for inference); an admin key does anything.

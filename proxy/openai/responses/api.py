@@ -1,13 +1,14 @@
-"""`POST /v1/responses` and `GET /v1/responses/{id}`: OpenAI's Responses API on the chat pipeline.
+"""`POST /v1/responses` and `GET /v1/responses/{id}`: OpenAI's Responses API on the call pipeline
+(proxy/openai/pipeline.py).
 
-The request becomes a chat request (proxy.openai.responses.input), which is rendered, planned and generated
-like a chat completion, with the same output parsers; the answer is a `response` object
-(proxy.openai.responses.output), streamed as named events (proxy.openai.responses.stream). Each call is one
-recorded completion whose id is the response's `resp_…` id; its request_json and response_json are the
-stored response: `GET /v1/responses/{id}` answers the response_json, and `previous_response_id` puts the
-earlier request's input (and, recursively, its own previous response's) and output before this input.
-The prompt is chained in the session's conversation tree like a chat call's (proxy/conversations.py;
-proxy.openai.responses.record says what a Responses call adds to it). Stored responses are visible to
+The request becomes a chat request (responses/input.py), which is rendered, planned and generated like a
+chat completion, with the same output parsers; the answer is a `response` object (responses/output.py),
+streamed as named events (responses/stream.py). Each call is one recorded completion whose id is the
+response's `resp_…` id; its request_json and response_json are the stored response:
+`GET /v1/responses/{id}` answers the response_json, and `previous_response_id` puts the earlier
+request's input (and, recursively, its own previous response's) and output before this input.
+The prompt is chained in the session's conversation tree like a chat call's (responses/record.py says
+what a Responses call adds to it). Stored responses are visible to
 their own session's key and to admin keys; `store: false` ones to nobody (the completion is still
 recorded for training).
 """
