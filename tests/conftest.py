@@ -1,12 +1,41 @@
-"""Shared fixtures: the tiny test model and sglang 0.5.23's own wire schema."""
+"""Fixtures every kind of test may use: the tiny test model, sglang 0.5.23's own wire schema, and fresh
+databases, on SQLite and on Postgres, whose schema is built by running the Alembic migrations.
+
+- `empty_db_url`: a fresh, empty database (a SQLite file in tmp_path, or a scratch Postgres database
+  `flywheel_t_<random>` created on the server of FLYWHEEL_TEST_POSTGRES_URL and dropped afterwards).
+- `db_url`: the same, migrated to head.
+- `engine`, `session_factory`: storage's AsyncEngine and session factory on `db_url`.
+
+Postgres cases skip, with the reason, only when the server is unreachable; with
+FLYWHEEL_TEST_REQUIRE_POSTGRES=1 (CI) they fail instead. The fixtures of the proxy's integration tests
+are in tests/integration/conftest.py.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+from sqlalchemy import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from storage.config import StorageConfig
+from storage.engine import SessionFactory, create_engine, create_sessionmaker
+from storage.migrate import upgrade
+from tests.support.databases import (
+    DEFAULT_POSTGRES_URL,
+    POSTGRES_URL_ENV,
+    REQUIRE_POSTGRES_ENV,
+    execute_autocommit,
+    run_coroutine_outside_loop,
+    run_outside_loop,
+    unreachable_because,
+)
 
 # Ray 2.60 writes an auth token under ~/.ray unless told otherwise; tests never want that.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -29,3 +58,59 @@ def sglang_api_types() -> ModuleType:
         return load_api_types()
     except Exception as exc:  # the wheel may be unreachable; say why and skip
         pytest.skip(f"sglang 0.5.23 wheel could not be downloaded: {exc}")
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """A Postgres server URL we may CREATE DATABASE on."""
+    url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
+    error = run_coroutine_outside_loop(lambda: unreachable_because(url))
+    if error is not None:
+        shown = make_url(url).render_as_string(hide_password=True)
+        reason = f"Postgres unreachable at {shown} ({error}); set {POSTGRES_URL_ENV} to a server"
+        if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """A fresh empty database: a SQLite file, or a scratch Postgres database dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'flywheel.db'}"
+        return
+    server_url = request.getfixturevalue("postgres_server_url")
+    name = f"flywheel_t_{secrets.token_hex(6)}"
+    run_coroutine_outside_loop(lambda: execute_autocommit(server_url, f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        run_coroutine_outside_loop(
+            lambda: execute_autocommit(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        )
+
+
+@pytest.fixture
+def db_url(empty_db_url: str) -> str:
+    """A fresh database migrated to head."""
+    run_outside_loop(upgrade, empty_db_url)
+    return empty_db_url
+
+
+@pytest.fixture
+def backend(db_url: str) -> str:
+    """The dialect of this test's database: "sqlite" or "postgresql"."""
+    return make_url(db_url).get_backend_name()
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(StorageConfig(url=db_url))
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def session_factory(engine: AsyncEngine) -> SessionFactory:
+    return create_sessionmaker(engine)

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from storage.config import StorageConfig
 from storage.engine import create_engine, create_sessionmaker
 from storage.models import Completion, PolicyVersion, TrainStep
-from tests.e2e.stack_helpers import rest, running_stack, stack_overrides, wait_for
+from tests.support.stack import rest, running_stack, stack_overrides, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

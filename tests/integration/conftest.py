@@ -1,115 +1,81 @@
-"""Database fixtures for integration tests: every test gets a fresh database, on SQLite and on Postgres,
-whose schema is built by running the Alembic migrations.
+"""Fixtures of the integration tests: the proxy harness (tests/support/proxy_harness.py) and a local Ray
+instance. The database fixtures (`db_url`, `engine`, ...) are in tests/conftest.py.
 
-- `empty_db_url`: a fresh, empty database (a SQLite file in tmp_path, or a scratch Postgres database
-  `flywheel_t_<random>` created on the server of FLYWHEEL_TEST_POSTGRES_URL and dropped afterwards).
-- `db_url`: the same, migrated to head.
-- `engine`, `session_factory`: storage's AsyncEngine and session factory on `db_url`.
-
-Postgres cases skip, with the reason, only when the server is unreachable; with
-FLYWHEEL_TEST_REQUIRE_POSTGRES=1 (CI) they fail instead.
+- `servers`: a `LoopThread` the scripted workers run on.
+- `scripted`: one scripted worker with the default token function.
+- `worker`: one scripted worker speaking the module's `script` fixture (made with `install_script`).
+- `proxies`: a `ProxyFactory` on `db_url` and the tiny model; `proxy`: one proxy in front of `scripted`.
+- `ray_cluster`: a local Ray instance for the whole session.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
 
-from storage.config import StorageConfig
-from storage.engine import SessionFactory, create_engine, create_sessionmaker
-from storage.migrate import upgrade
-
-POSTGRES_URL_ENV = "FLYWHEEL_TEST_POSTGRES_URL"
-REQUIRE_POSTGRES_ENV = "FLYWHEEL_TEST_REQUIRE_POSTGRES"
-DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory
+from tests.support.scripted_worker import ScriptedWorker
+from tests.support.text_script import TextScript
 
 
-def run_outside_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run blocking setup (its own asyncio.run, e.g. Alembic's env.py) on a worker thread, so it never
-    meets pytest-asyncio's event loop."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(fn, *args).result()
+@pytest.fixture
+def servers() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
 
 
-def _run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    return run_outside_loop(lambda: asyncio.run(coro_fn()))
+@pytest.fixture
+def scripted(servers: LoopThread) -> Iterator[ScriptedWorker]:
+    worker = servers.start_scripted()
+    yield worker
+    servers.call(worker.stop())
 
 
-async def _execute_autocommit(server_url: str, sql: str) -> None:
-    engine = create_async_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with engine.connect() as connection:
-            await connection.exec_driver_sql(sql)
-    finally:
-        await engine.dispose()
+@pytest.fixture
+def worker(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
+    """A scripted worker speaking the module's `script` fixture (made with `install_script`)."""
+    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
+    yield worker
+    servers.call(worker.stop())
 
 
-async def _probe(server_url: str) -> str | None:
-    try:
-        await asyncio.wait_for(_execute_autocommit(server_url, "SELECT 1"), timeout=5)
-    except (OSError, TimeoutError) as error:  # refused, no route, no answer; a bad login still fails
-        return f"{type(error).__name__}: {error}"
-    return None
+@pytest.fixture
+def proxies(db_url: str, tiny_model_dir: Path) -> Iterator[ProxyFactory]:
+    factory = ProxyFactory(db_url, tiny_model_dir)
+    with factory.stack:
+        yield factory
+
+
+@pytest.fixture
+def proxy(proxies: ProxyFactory, scripted: ScriptedWorker) -> Proxy:
+    """A proxy in front of one scripted worker."""
+    return proxies.start([scripted.url])
 
 
 @pytest.fixture(scope="session")
-def postgres_server_url() -> str:
-    """A Postgres server URL we may CREATE DATABASE on."""
-    url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
-    error = _run(lambda: _probe(url))
-    if error is not None:
-        shown = make_url(url).render_as_string(hide_password=True)
-        reason = f"Postgres unreachable at {shown} ({error}); set {POSTGRES_URL_ENV} to a server"
-        if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return url
+def ray_cluster() -> Iterator[None]:
+    """A local Ray instance: 2 CPUs, no dashboard, a short temp dir (Unix socket paths are short). If Ray
+    was started already it is reused, and left running."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
 
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
-    """A fresh empty database: a SQLite file, or a scratch Postgres database dropped afterwards."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'flywheel.db'}"
+    if ray.is_initialized():
+        yield
         return
-    server_url = request.getfixturevalue("postgres_server_url")
-    name = f"flywheel_t_{secrets.token_hex(6)}"
-    _run(lambda: _execute_autocommit(server_url, f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        _run(lambda: _execute_autocommit(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-@pytest.fixture
-def db_url(empty_db_url: str) -> str:
-    """A fresh database migrated to head."""
-    run_outside_loop(upgrade, empty_db_url)
-    return empty_db_url
-
-
-@pytest.fixture
-def backend(db_url: str) -> str:
-    """The dialect of this test's database: "sqlite" or "postgresql"."""
-    return make_url(db_url).get_backend_name()
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(StorageConfig(url=db_url))
-    yield engine
-    await engine.dispose()
-
-
-@pytest.fixture
-def session_factory(engine: AsyncEngine) -> SessionFactory:
-    return create_sessionmaker(engine)
+    with tempfile.TemporaryDirectory(prefix="ray", dir="/tmp", ignore_cleanup_errors=True) as temp_dir:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            configure_logging=False,
+            log_to_driver=True,
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()

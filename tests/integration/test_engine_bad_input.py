@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_engine_generate import PROMPT, running_engine
+from tests.support.engine_server import PROMPT, running_engine
 
 CONTEXT = 64
 

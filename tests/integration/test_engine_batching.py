@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_engine_control import wait_until
-from tests.integration.test_engine_generate import PROMPT, running_engine
+from tests.support.engine_server import PROMPT, running_engine, wait_until
 
 REQUESTS = 16
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,14 @@ import torch
 from safetensors.torch import save_file
 
 from serving.models.loading import load_model
-from tests.integration.test_engine_generate import (
+from tests.support.engine_server import (
     PROMPT,
     assert_logprobs_match,
     conforms,
     generate,
     reference_logits,
     running_engine,
+    wait_until,
 )
 
 LONG = 600
@@ -59,13 +59,6 @@ def stats(url: str) -> dict[str, Any]:
 
 def update(url: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=60)
-
-
-async def wait_until(predicate, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 class Stream:

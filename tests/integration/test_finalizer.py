@@ -25,7 +25,7 @@ from storage.queries import (
     record_completions,
 )
 from storage.records import CompletionRecord, GroupRecord, SessionRecord
-from tests.integration.conftest import run_outside_loop
+from tests.support.databases import run_outside_loop
 
 _ids = itertools.count()
 

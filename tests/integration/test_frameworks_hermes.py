@@ -16,15 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    proxies_fixture,
-    servers_fixture,
-    worker_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
 from tests.support.recorded import assert_token_exact, output_text
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
@@ -104,7 +96,8 @@ def test_hermes_agent_runs_a_tool_conversation_through_the_proxy(
         assert row.session_id == proxy.session_id and row.finish_reason == "stop"
         assert row.request_json["stream"] is True
     first, second = rows
-    # The second call continues the first (DESIGN.md section 3): one trajectory, no branch.
+    # The second call continues the first (docs/architecture.md, "The token-exact rule"): one trajectory,
+    # no branch.
     assert second.parent_id == first.id and not second.branched
     assert output_text(first, script) == CALL and output_text(second, script) == ANSWER
     assert [t["function"]["name"] for t in first.request_json["tools"]] == ["todo"]

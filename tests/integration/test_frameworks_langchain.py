@@ -14,15 +14,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Huma
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    proxies_fixture,
-    servers_fixture,
-    worker_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
 from tests.support.recorded import assert_token_exact, output_text
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript

@@ -16,16 +16,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    proxies_fixture,
-    servers_fixture,
-    worker_fixture,
-)
-from tests.integration.test_proxy_tools import assemble_stream
+from tests.support.chat_stream import assemble_stream
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
 from tests.support.recorded import assert_token_exact, output_text
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript

@@ -20,15 +20,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    proxies_fixture,
-    servers_fixture,
-    worker_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 

@@ -26,16 +26,8 @@ from integrations.gsm8k.problems import Problem, generate_problems
 from integrations.gsm8k.scoring import reward
 from storage.engine import SessionFactory
 from storage.models import Completion, Reward, Session, Trajectory
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    dead_worker_url,
-    proxies_fixture,
-    run_db,
-    servers_fixture,
-)
 from tests.support import scripted_worker
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory, dead_worker_url, run_db
 from tests.support.text_script import TextScript
 
 FINALIZER = {"sweep_interval_s": 0.2, "reward_grace_s": 0.2, "missing_reward": "drop"}

@@ -15,7 +15,7 @@ from storage.config import StorageConfig
 from storage.engine import create_engine
 from storage.migrate import current, downgrade, head_revision, upgrade
 from storage.models import Base
-from tests.integration.conftest import run_outside_loop
+from tests.support.databases import run_outside_loop
 
 TABLES = {
     "api_keys",

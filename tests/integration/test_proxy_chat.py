@@ -12,38 +12,14 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    dead_worker_url,
-    proxies_fixture,
-    proxy_fixture,
-    run_db,
-    scripted_fixture,
-    servers_fixture,
-)
-from tests.support.scripted_worker import ScriptedWorker, default_token_fn, token_logprob, token_text
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory, dead_worker_url, run_db
+from tests.support.recorded import assert_recorded, scripted_text
+from tests.support.scripted_worker import ScriptedWorker, default_token_fn
 
 MESSAGES = [
     {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
     {"role": "user", "content": "What is 2 + 2?"},
 ]
-
-
-def scripted_text(output_ids: Any) -> str:
-    """What the scripted worker's tokens spell (its detokeniser)."""
-    return "".join(token_text(int(t)) for t in output_ids)
-
-
-def assert_recorded(proxy: Proxy, completion_id: str, text: str, *, session_id: str | None = None) -> Any:
-    row = proxy.completion(completion_id)
-    assert scripted_text(row.output_ids) == text
-    expected = [token_logprob(int(t), i) for i, t in enumerate(row.output_ids)]
-    assert row.output_logprobs.tolist() == pytest.approx(expected, abs=1e-6)  # float32 storage
-    assert len(row.output_versions) == len(row.output_ids)
-    assert row.session_id == (session_id or proxy.session_id)
-    return row
 
 
 def test_non_stream_n2_logprobs_are_recorded(

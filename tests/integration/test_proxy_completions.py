@@ -12,14 +12,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.integration.test_proxy_chat import assert_recorded, scripted_text
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    Proxy,
-    proxies_fixture,
-    proxy_fixture,
-    scripted_fixture,
-    servers_fixture,
-)
+from tests.support.proxy_harness import Proxy
+from tests.support.recorded import assert_recorded, scripted_text
 from tests.support.scripted_worker import ScriptedWorker
 
 PROMPT = "Once upon a time, in a land far away"

@@ -17,11 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from serving.config import CpuEngineConfig, ServingConfig
 from serving.engine.server import create_engine_app, serve_in_thread
 from serving.models.loading import load_model
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    Proxy,
-    ProxyFactory,
-    proxies_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory
 
 MESSAGES = [
     {"role": "system", "content": "You add numbers."},

@@ -29,10 +29,7 @@ from serving.client import WorkerPool
 from serving.config import ClientConfig, CpuEngineConfig, ServingConfig
 from serving.engine.server import create_engine_app, serve_in_thread
 from serving.models.loading import load_model
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    ProxyFactory,
-    proxies_fixture,
-)
+from tests.support.proxy_harness import ProxyFactory
 from trainer.config import WeightPushConfig
 from trainer.weights.disk import push_weights
 

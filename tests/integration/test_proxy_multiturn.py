@@ -11,29 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.openai.schemas import ChatCompletionRequest
 from proxy.tokenize import load_chat_tokenizer
-from rewards.config import FinalizerConfig
-from rewards.finalizer import SessionFinalizer
-from storage.engine import SessionFactory
 from storage.models import Completion
-from storage.queries import add_reward, end_session
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
+from tests.support.chat_stream import assemble_stream
+from tests.support.finalizing import reward_end_and_finalize, session_trajectories
+from tests.support.proxy_harness import (
     Proxy,
     ProxyFactory,
     install_script,
-    proxies_fixture,
+    metric,
     run_db,
-    servers_fixture,
-    worker_fixture,
+    session_completions,
 )
-from tests.integration.test_proxy_tools import assemble_stream
 from tests.support.qwen3_template import QWEN3_STYLE_TEMPLATE
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
@@ -127,20 +120,6 @@ def tool_results(assistant: dict[str, Any]) -> list[dict[str, Any]]:
             for index, call in enumerate(assistant.get("tool_calls") or [])]
 
 
-def session_completions(proxy: Proxy, session_id: str | None = None) -> list[Completion]:
-    rows = [c for c in proxy.completions() if c.session_id == (session_id or proxy.session_id)]
-    return sorted(rows, key=lambda c: (c.created_at, c.id))
-
-
-def metric(base_url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    text = httpx.get(f"{base_url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                return float(sample.value)
-    return 0.0
-
-
 def chained_prompts(rows: list[Completion]) -> list[list[int]]:
     """Each completion's full prompt, rebuilt as parent prompt + parent output + own suffix."""
     prompts: list[list[int]] = []
@@ -160,12 +139,6 @@ def five_turns(proxy: Proxy) -> list[dict[str, Any]]:
     messages.append(SUMMARIZE)
     messages.append(turn(proxy, messages, stream=True))
     return messages
-
-
-async def _reward_end_finalize(factory: SessionFactory, session_id: str) -> int:
-    await add_reward(factory, 1.0, session_id=session_id)
-    await end_session(factory, session_id)
-    return await SessionFinalizer(factory, FinalizerConfig()).finalize(session_id)
 
 
 def test_a_five_turn_tool_conversation_is_one_token_exact_chain(
@@ -204,8 +177,8 @@ def test_a_five_turn_tool_conversation_is_one_token_exact_chain(
         assert metric(proxy.base_url, "flywheel_proxy_conversation_drift_total") == 0
     assert metric(proxy.base_url, "flywheel_proxy_conversation_turns_total", {"kind": "chained"}) == 4
 
-    assert run_db(proxy.db_url, lambda f: _reward_end_finalize(f, proxy.session_id)) == 1
-    [trajectory] = run_db(proxy.db_url, lambda f: _trajectories(f, proxy.session_id))
+    assert run_db(proxy.db_url, lambda f: reward_end_and_finalize(f, proxy.session_id)) == 1
+    [trajectory] = run_db(proxy.db_url, lambda f: session_trajectories(f, proxy.session_id))
     expected = [*prompts[4], *rows[4].output_ids.tolist()]
     assert trajectory.token_ids.tolist() == expected
     mask = np.zeros(len(expected), dtype=bool)
@@ -217,16 +190,6 @@ def test_a_five_turn_tool_conversation_is_one_token_exact_chain(
     assert trajectory.logprobs[mask].tolist() == outputs
     assert (trajectory.logprobs[~mask] == 0).all() and (trajectory.versions[~mask] == -1).all()
     assert trajectory.reward == 1.0
-
-
-async def _trajectories(factory: SessionFactory, session_id: str) -> list[Any]:
-    from sqlalchemy import select
-
-    from storage.models import Trajectory
-
-    async with factory() as db:
-        query = select(Trajectory).where(Trajectory.session_id == session_id)
-        return list((await db.execute(query)).scalars())
 
 
 @pytest.mark.parametrize("thinking", [False], ids=["chatml"])

@@ -12,21 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
+from tests.support.chat_stream import assemble_stream
+from tests.support.finalizing import reward_end_and_finalize, session_trajectories
+from tests.support.proxy_harness import (
     Proxy,
     ProxyFactory,
     install_script,
-    run_db,
-    servers_fixture,
-    worker_fixture,
-)
-from tests.integration.test_proxy_multiturn import (
-    _reward_end_finalize,
-    _trajectories,
     metric,
+    run_db,
     session_completions,
 )
-from tests.integration.test_proxy_tools import assemble_stream
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -87,8 +82,8 @@ def test_a_conversation_continued_from_either_choice_chains_onto_that_choice(
     assert sent == [prompt, expected[after_one.id], expected[after_zero.id]]
     assert after_one.request_json["messages"] == [WHY]  # a child stores only its new messages
 
-    assert run_db(proxy.db_url, lambda f: _reward_end_finalize(f, proxy.session_id)) == 2
-    trajectories = run_db(proxy.db_url, lambda f: _trajectories(f, proxy.session_id))
+    assert run_db(proxy.db_url, lambda f: reward_end_and_finalize(f, proxy.session_id)) == 2
+    trajectories = run_db(proxy.db_url, lambda f: session_trajectories(f, proxy.session_id))
     by_tokens = {tuple(t.token_ids.tolist()): t for t in trajectories}
     for parent_id, child in ((f"{first.id}-1", after_one), (first.id, after_zero)):
         tokens = [*expected[child.id], *child.output_ids.tolist()]

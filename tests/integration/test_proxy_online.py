@@ -13,13 +13,7 @@ from typing import Any
 import httpx
 
 from storage.queries import hash_api_key
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    Proxy,
-    ProxyFactory,
-    proxies_fixture,
-    scripted_fixture,
-    servers_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory
 from tests.support.scripted_worker import ScriptedWorker
 
 SESSION_HEADER = "x-flywheel-session-id"

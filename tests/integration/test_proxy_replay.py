@@ -2,14 +2,12 @@
 request they sent is accepted by the proxy (200, a complete stream or object) and recorded, and every
 model probe (hermes-agent's LM Studio, Ollama and OpenAI ones) is answered in the shape the agent reads.
 
-The captures are read from $FLYWHEEL_TEST_AGENT_REQUESTS, else tests/fixtures/agent-requests, else
-shared/fixtures/agent-requests beside the checkout; see the README there.
+The captures are tests/fixtures/agent-requests/*.jsonl; its README says where they come from.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,54 +15,25 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    proxies_fixture,
-    servers_fixture,
-)
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory
 from tests.support.scripted_worker import default_token_fn
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 PROBES = ("/v1/models", "/api/v1/models", "/api/show")
 CONTEXT_LENGTH = 1 << 20  # the replay proxy's
-LATER = {
-    "/v1/responses": "the Responses API is issue 4",
-}
-
-
-def _fixture_dirs() -> list[Path]:
-    configured = os.environ.get("FLYWHEEL_TEST_AGENT_REQUESTS")
-    if configured:
-        return [Path(configured)]
-    repo = Path(__file__).resolve().parents[2]
-    # In the repo if copied there; else the workspace's shared/ beside the checkout (as CI lays it).
-    captures = Path("fixtures") / "agent-requests"
-    return [repo / "tests" / captures, repo.parent / "shared" / captures]
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent-requests"
+CAPTURE_FILES = ("hermes-agent.jsonl", "openclaw-chat.jsonl", "openclaw-tool-roundtrip.jsonl")
 
 
 def _captured() -> list[Any]:
-    for directory in _fixture_dirs():
-        files = sorted(directory.glob("*.jsonl"))
-        if files:
-            return [
-                _param(json.loads(line), f"{path.stem}:{number}")
-                for path in files
-                for number, line in enumerate(path.read_text().splitlines(), 1)
-                if line.strip()
-            ]
-    reason = f"no captured agent requests in {' or '.join(map(str, _fixture_dirs()))}"
-    return [pytest.param(None, id="no-captures", marks=pytest.mark.skip(reason=reason))]
-
-
-def _param(captured: dict[str, Any], name: str) -> Any:
-    method, path = captured["method"], captured["path"]
-    if path in CHAT_PATHS or path in PROBES or path.startswith("/v1/models/"):
-        return pytest.param(captured, id=name)
-    reason = next((why for prefix, why in LATER.items() if path.startswith(prefix)), "not an OpenAI route")
-    return pytest.param(captured, id=name, marks=pytest.mark.skip(reason=f"{method} {path}: {reason}"))
+    """One case per captured request; a missing capture file fails the collection."""
+    return [
+        pytest.param(json.loads(line), id=f"{Path(name).stem}:{number}")
+        for name in CAPTURE_FILES
+        for number, line in enumerate((CAPTURES / name).read_text().splitlines(), 1)
+        if line.strip()
+    ]
 
 
 def _stop_after_a_few(prompt_ids: Sequence[int], position: int, index: int, seed: int) -> int:
@@ -81,6 +50,9 @@ def replay_proxy(proxies: ProxyFactory, servers: LoopThread) -> Proxy:
 @pytest.mark.parametrize("captured", _captured())
 def test_captured_agent_request_is_accepted(replay_proxy: Proxy, captured: dict[str, Any]) -> None:
     method, path = captured["method"], captured["path"]
+    assert path in CHAT_PATHS or path in PROBES or path.startswith("/v1/models/"), (
+        f"{method} {path}: no replay check for this route"
+    )
     headers = {"Authorization": f"Bearer {replay_proxy.session_key}"}
     url = f"{replay_proxy.base_url}{path}"
     if path not in CHAT_PATHS:

@@ -7,59 +7,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    new_session_key,
-    proxies_fixture,
-    run_db,
-    servers_fixture,
-    worker_fixture,
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script, new_session_key, run_db
+from tests.support.responses_api import (
+    ANSWER,
+    CHAT_TOOLS,
+    GREETING,
+    JSON_ANSWER,
+    QUESTION,
+    TOOLS,
+    assert_response_recorded,
+    collect_stream,
+    full_prompt,
+    function_calls,
+    rendered,
+    reply,
+    worker_inputs,
 )
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
-
-TOOLS = [{
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    "strict": False,
-}]
-CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is 21 degrees in Paris."
-GREETING = "Hello! How can I help you today?"
-JSON_ANSWER = '{"city": "Paris", "degrees": 21}'
-STORY = " ".join(["once upon a time there was a small model that told long stories"] * 12)
-QUESTION = "What is the weather in Paris?"
-
-
-THINKING = "<think>\nThe user wants a greeting.\n</think>\n\n"
-
-
-def reply(prompt: str) -> str:
-    if "Think first" in prompt:
-        return THINKING + GREETING
-    if "<tool_response>" in prompt:
-        return ANSWER
-    if "Oslo" in prompt:
-        return "Let me check.\n" + CALL.replace("Paris", "Oslo")
-    if "weather" in prompt:
-        return CALL
-    if "as JSON" in prompt:
-        return JSON_ANSWER
-    if "story" in prompt:
-        return STORY
-    return GREETING
 
 
 @pytest.fixture(name="script")
@@ -70,41 +40,6 @@ def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Tex
 @pytest.fixture(name="proxy")
 def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
     return proxies.start([worker.url], tool_call_parser="hermes")
-
-
-def rendered(script: TextScript, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-             ) -> list[int]:
-    """The prompt ids the chat template gives these chat messages."""
-    text = script.tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True
-    )
-    return list(script.tokenizer.encode(text, add_special_tokens=False))
-
-
-def worker_inputs(worker: ScriptedWorker) -> list[list[int]]:
-    return [r.body["input_ids"] for r in worker.requests if r.path == "/generate"]
-
-
-def full_prompt(proxy: Proxy, completion_id: str) -> list[int]:
-    """A completion's whole prompt: a chained one records only its suffix after the parent's prompt and
-    output."""
-    row = proxy.completion(completion_id)
-    if row.parent_id is None:
-        return list(row.prompt_ids)
-    parent = proxy.completion(row.parent_id)
-    return [*full_prompt(proxy, parent.id), *parent.output_ids.tolist(), *row.prompt_ids.tolist()]
-
-
-def assert_recorded(proxy: Proxy, script: TextScript, response_id: str, prompt_ids: list[int]) -> Any:
-    """The call's completion: the rendered prompt, the worker's exact output ids (end of turn included)."""
-    row = proxy.completion(response_id)
-    recorded = full_prompt(proxy, response_id)
-    assert script.tokenizer.decode(recorded) == script.tokenizer.decode(prompt_ids)
-    assert recorded == prompt_ids
-    assert list(row.output_ids) == script.output_ids(prompt_ids)
-    assert len(row.output_logprobs) == len(row.output_versions) == len(row.output_ids)
-    assert row.response_json["id"] == response_id and row.response_json["object"] == "response"
-    return row
 
 
 def test_string_input_answers_a_response_and_records_the_rendered_prompt(
@@ -123,7 +58,7 @@ def test_string_input_answers_a_response_and_records_the_rendered_prompt(
     assert response.usage.input_tokens == len(prompt_ids)
     assert response.usage.output_tokens == len(script.output_ids(prompt_ids))
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
-    row = assert_recorded(proxy, script, response.id, prompt_ids)
+    row = assert_response_recorded(proxy, script, response.id, prompt_ids)
     assert row.finish_reason == "stop" and row.request_json["input"] == "Say hello"
 
     again = client.responses.retrieve(response.id)  # store defaults to true
@@ -144,17 +79,7 @@ def test_items_with_instructions_and_content_parts(proxy: Proxy, script: TextScr
         {"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hi."},
         {"role": "user", "content": "Again please"},
     ]
-    assert_recorded(proxy, script, response.id, rendered(script, messages))
-
-
-def collect_stream(stream: Any) -> tuple[list[Any], Any]:
-    events = list(stream)
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    return events, events[-1].response
-
-
-def function_calls(response: Any) -> list[Any]:
-    return [item for item in response.output if item.type == "function_call"]
+    assert_response_recorded(proxy, script, response.id, rendered(script, messages))
 
 
 def test_function_tool_round_trip_resends_the_whole_input(
@@ -169,9 +94,9 @@ def test_function_tool_round_trip_resends_the_whole_input(
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert call.id.startswith("fc_") and call.call_id.startswith("call_") and call.status == "completed"
     assert first.status == "completed" and first.tools[0].name == "get_weather"  # type: ignore[union-attr]
-    assert_recorded(proxy, script, first.id, rendered(script, [user], CHAT_TOOLS))
+    assert_response_recorded(proxy, script, first.id, rendered(script, [user], CHAT_TOOLS))
 
-    # Turn 2 as PROTOCOLS.md observed it: the user message, the function_call item, then its output.
+    # Turn 2 as agents send it: the user message, the function_call item, then its output.
     output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"degrees": 21}'}
     second = client.responses.create(
         model="m", tools=TOOLS, input=[user, call.model_dump(exclude_none=True), output],  # type: ignore[arg-type,list-item]
@@ -184,7 +109,7 @@ def test_function_tool_round_trip_resends_the_whole_input(
                                                                   "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": call.call_id, "content": '{"degrees": 21}'},
     ]
-    assert_recorded(proxy, script, second.id, rendered(script, messages, CHAT_TOOLS))
+    assert_response_recorded(proxy, script, second.id, rendered(script, messages, CHAT_TOOLS))
     assert "<tool_response>" in script.prompts[-1]
     # Turn 2 extends turn 1: chained onto it, history never re-tokenised; the worker saw that prompt.
     row = proxy.completion(second.id)
@@ -224,7 +149,7 @@ def test_previous_response_id_chains_stored_responses(proxy: Proxy, script: Text
         {"role": "assistant", "content": ANSWER},
         {"role": "user", "content": "Thanks, tell a story"},
     ]
-    assert_recorded(proxy, script, third.id, rendered(script, messages))  # no tools: not re-sent
+    assert_response_recorded(proxy, script, third.id, rendered(script, messages))  # no tools: not re-sent
     assert proxy.completion(third.id).branched  # a new tool list is a changed history (a branch)
 
 

@@ -1,38 +1,42 @@
 """The Responses API streamed: named SSE events in order, items that open and close as the parser finds
 them (text, reasoning, function calls), logprobs, the same result as not streamed, and a dropped stream
-recorded as an abort. Fixtures and helpers are test_proxy_responses.py's."""
+recorded as an abort. The scripted replies and the readers are tests/support/responses_api.py's."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    Proxy,
-    ProxyFactory,
-    proxies_fixture,
-    servers_fixture,
-)
-from tests.integration.test_proxy_responses import (  # noqa: F401 -- the *_fixture names are fixtures
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
+from tests.support.responses_api import (
     CHAT_TOOLS,
     GREETING,
     QUESTION,
     THINKING,
     TOOLS,
-    assert_recorded,
+    assert_response_recorded,
     collect_stream,
     function_calls,
-    proxy_fixture,
     rendered,
-    script_fixture,
-    worker_fixture,
+    reply,
 )
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
+
+
+@pytest.fixture(name="script")
+def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
+    return install_script(tiny_model_dir, reply, monkeypatch)
+
+
+@pytest.fixture(name="proxy")
+def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
+    return proxies.start([worker.url], tool_call_parser="hermes")
 
 
 def test_streaming_sends_the_named_event_sequence(proxy: Proxy, script: TextScript) -> None:
@@ -54,7 +58,7 @@ def test_streaming_sends_the_named_event_sequence(proxy: Proxy, script: TextScri
     assert final.status == "completed" and final.output[0].id == item_id
     assert final.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
     prompt_ids = rendered(script, [{"role": "user", "content": "Say hello"}])
-    row = assert_recorded(proxy, script, final.id, prompt_ids)
+    row = assert_response_recorded(proxy, script, final.id, prompt_ids)
     assert row.response_json == final.model_dump(mode="json", exclude_unset=True)
 
 
@@ -96,8 +100,8 @@ def test_streamed_and_non_streamed_function_calls_agree(proxy: Proxy, script: Te
     assert events[4].arguments == done.arguments == function_calls(whole)[0].arguments
     assert function_calls(final)[0].call_id == done.call_id
     prompt_ids = rendered(script, [{"role": "user", "content": QUESTION}], CHAT_TOOLS)
-    assert_recorded(proxy, script, whole.id, prompt_ids)
-    assert_recorded(proxy, script, final.id, prompt_ids)
+    assert_response_recorded(proxy, script, whole.id, prompt_ids)
+    assert_response_recorded(proxy, script, final.id, prompt_ids)
 
 
 def test_dropped_stream_is_recorded_as_abort(

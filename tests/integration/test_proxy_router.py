@@ -15,15 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    new_session_key,
-    proxies_fixture,
-    run_db,
-    servers_fixture,
-)
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory, new_session_key, run_db
 from tests.support.scripted_worker import ScriptedWorker, default_token_fn, token_text
 
 MESSAGES = [{"role": "user", "content": "Count with me."}]

@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- the *_fixture names are fixtures
-    LoopThread,
-    Proxy,
-    ProxyFactory,
-    install_script,
-    proxies_fixture,
-    servers_fixture,
-    worker_fixture,
-)
 from tests.support import scripted_worker
+from tests.support.chat_stream import assemble_stream
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory, install_script
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -54,28 +47,6 @@ def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Tex
 @pytest.fixture(name="proxy")
 def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
     return proxies.start([worker.url])
-
-
-def assemble_stream(stream: Any) -> dict[str, Any]:
-    """What a client builds from streamed chunks, checking each tool delta's shape on the way."""
-    content, reasoning, finish = "", "", None
-    calls: dict[int, dict[str, Any]] = {}
-    for chunk in stream:
-        for choice in chunk.choices:
-            delta = choice.delta
-            content += delta.content or ""
-            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
-            for call in delta.tool_calls or ():
-                if call.index not in calls:  # the first delta of a call: id, type, name, empty arguments
-                    assert call.id and call.id.startswith("call_") and call.type == "function"
-                    assert call.function.name and call.function.arguments == ""
-                    calls[call.index] = {"id": call.id, "name": call.function.name, "arguments": ""}
-                else:  # later deltas: only the index and argument text
-                    assert call.id is None and call.type is None and call.function.name is None
-                    calls[call.index]["arguments"] += call.function.arguments
-            finish = choice.finish_reason or finish
-    return {"content": content, "reasoning": reasoning, "finish": finish,
-            "calls": [calls[i] for i in sorted(calls)]}
 
 
 def name_and_arguments(calls: Sequence[Any]) -> list[tuple[str, Any]]:

@@ -25,7 +25,7 @@ from storage.config import StorageConfig
 from storage.models import ApiKey, Completion, Group, Reward, Session, Trajectory
 from storage.queries import hash_api_key, record_completions
 from storage.records import CompletionRecord
-from tests.integration.test_proxy_harness import dead_worker_url
+from tests.support.proxy_harness import dead_worker_url
 
 BASE_URL = "http://agents.example:9000/v1"
 COUNTED = (ApiKey, Group, Session, Completion, Reward, Trajectory)

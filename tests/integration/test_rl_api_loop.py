@@ -21,14 +21,7 @@ from storage.models import Trajectory
 from storage.queries import load_completion_chain
 from storage.records import ClaimedBatch
 from storage.sequences import full_prompt_ids
-from tests.integration.test_proxy_harness import (  # noqa: F401 -- fixtures
-    Proxy,
-    ProxyFactory,
-    proxies_fixture,
-    run_db,
-    scripted_fixture,
-    servers_fixture,
-)
+from tests.support.proxy_harness import Proxy, ProxyFactory, run_db
 from tests.support.scripted_worker import ScriptedWorker
 
 FINALIZER = {"sweep_interval_s": 0.2, "turn_discount": 1.0, "style": "individual"}

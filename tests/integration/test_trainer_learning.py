@@ -18,7 +18,6 @@ from serving.config import ClientConfig, CpuEngineConfig, ServingConfig
 from serving.engine.server import create_engine_app, serve_in_thread
 from serving.models.loading import load_model
 from storage.engine import SessionFactory
-from tests.support.ray_cluster import ray_cluster  # noqa: F401 -- the fixture, used below
 from tests.support.rollouts import rollout_group
 from trainer.config import TrainerConfig
 from trainer.driver import Driver

@@ -19,8 +19,7 @@ from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
 from storage.migrate import upgrade
 from storage.models import PolicyVersion, TrainStep, Trajectory
-from tests.integration.conftest import run_outside_loop
-from tests.support.ray_cluster import ray_cluster  # noqa: F401 -- the fixture, used below
+from tests.support.databases import run_outside_loop
 from tests.support.rollouts import roll_out_until, rollout_group
 from trainer.config import TrainerConfig
 from trainer.driver import Driver

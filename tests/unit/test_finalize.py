@@ -18,35 +18,8 @@ from rewards.finalize import (
     is_trainable,
     turn_rewards,
 )
-from storage.records import CompletionRecord
 from storage.sequences import full_prompt_ids
-
-
-def completion(
-    cid: str,
-    prompt: list[int],
-    output: list[int],
-    *,
-    parent: str | None = None,
-    version: int = 0,
-    finish: str = "stop",
-    temperature: float = 0.7,
-) -> CompletionRecord:
-    return CompletionRecord(
-        id=cid,
-        session_id="s",
-        parent_id=parent,
-        prompt_ids=prompt,
-        output_ids=output,
-        output_logprobs=[-0.1 * (i + 1) for i in range(len(output))],
-        output_versions=[version + i for i in range(len(output))],
-        finish_reason=finish,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        request_json={},
-        response_json={},
-    )
+from tests.support.completion_records import completion
 
 
 def test_trajectory_masks_the_prompt_and_aligns_output_arrays() -> None:

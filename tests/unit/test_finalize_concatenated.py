@@ -10,7 +10,7 @@ import pytest
 from rewards.concatenate import build_concatenated_trajectories, chain_reward, conversation_chains
 from rewards.finalize import SessionRewards
 from storage.records import CompletionRecord
-from tests.unit.test_finalize import completion
+from tests.support.completion_records import completion
 
 NO_REWARD = SessionRewards(session=None, completions={})
 

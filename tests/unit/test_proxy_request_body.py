@@ -1,5 +1,6 @@
-"""proxy/request_body.py answers every bad body exactly as a FastAPI body parameter does (the OpenAI-shaped
-400 of proxy/errors.py): the same app serves both ways and each bad request gets the same answer."""
+"""proxy/openai/request_body.py answers every bad body exactly as a FastAPI body parameter does (the
+OpenAI-shaped 400 of proxy/errors.py): the same app serves both ways and each bad request gets the same
+answer."""
 
 from __future__ import annotations
 

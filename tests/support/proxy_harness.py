@@ -1,20 +1,23 @@
-"""Shared pieces of the proxy's integration tests (fixtures, no tests; import the `*_fixture`s): a
-real uvicorn proxy on a loopback port in a background thread, scripted SGLang workers on their own
-event loop thread, keys, and readers of what the proxy recorded. Servers never share the test's event
-loop, so sync and async `openai` clients can both talk to them."""
+"""The proxy's integration test harness: a real uvicorn proxy on a loopback port in a background thread,
+scripted SGLang workers on their own event loop thread, keys, and readers of what the proxy recorded.
+Servers never share the test's event loop, so sync and async `openai` clients can both talk to them.
+The fixtures built on these (`servers`, `scripted`, `worker`, `proxies`, `proxy`) are in
+tests/integration/conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from proxy.auth import SESSION_KEY_PREFIX, create_admin_key, generate_api_key
@@ -26,8 +29,8 @@ from storage.engine import SessionFactory, create_engine, create_sessionmaker
 from storage.models import Completion, Session
 from storage.queries import create_session, hash_api_key
 from storage.records import SessionRecord
-from tests.integration.conftest import run_outside_loop
 from tests.support import scripted_worker
+from tests.support.databases import run_outside_loop
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -151,18 +154,20 @@ class ProxyFactory:
         return Proxy(base_url, self.db_url, admin_key, session_id, session_key)
 
 
-@pytest.fixture(name="servers")
-def servers_fixture() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
+def session_completions(proxy: Proxy, session_id: str | None = None) -> list[Completion]:
+    """The completions of the proxy's session (or `session_id`), oldest first."""
+    rows = [c for c in proxy.completions() if c.session_id == (session_id or proxy.session_id)]
+    return sorted(rows, key=lambda c: (c.created_at, c.id))
 
 
-@pytest.fixture(name="scripted")
-def scripted_fixture(servers: LoopThread) -> Iterator[ScriptedWorker]:
-    worker = servers.start_scripted()
-    yield worker
-    servers.call(worker.stop())
+def metric(base_url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample of the proxy's /metrics with these labels, or 0 if it has none."""
+    text = httpx.get(f"{base_url}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                return float(sample.value)
+    return 0.0
 
 
 def install_script(
@@ -175,27 +180,6 @@ def install_script(
     script = TextScript(model_dir, reply, per_sample)
     monkeypatch.setattr(scripted_worker, "token_text", script.text)
     return script
-
-
-@pytest.fixture(name="worker")
-def worker_fixture(servers: LoopThread, script: TextScript) -> Iterator[ScriptedWorker]:
-    """A scripted worker speaking the module's `script` fixture (made with `install_script`)."""
-    worker = servers.start_scripted(token_fn=script, eos_token_id=script.eos)
-    yield worker
-    servers.call(worker.stop())
-
-
-@pytest.fixture(name="proxies")
-def proxies_fixture(db_url: str, tiny_model_dir: Path) -> Iterator[ProxyFactory]:
-    factory = ProxyFactory(db_url, tiny_model_dir)
-    with factory.stack:
-        yield factory
-
-
-@pytest.fixture(name="proxy")
-def proxy_fixture(proxies: ProxyFactory, scripted: ScriptedWorker) -> Proxy:
-    """A proxy in front of one scripted worker."""
-    return proxies.start([scripted.url])
 
 
 def dead_worker_url() -> str:

@@ -1,75 +1,14 @@
-"""The balancer's ordering (sticky sessions, slack, least busy, down workers last) and the stitching of
-resumed generations (tokens, logprobs, versions, text cut inside a UTF-8 character), without servers."""
+"""proxy/workers/resume.py without servers: the pieces of a generation resumed after an abort stitched
+into one choice (tokens, logprobs, versions, text cut inside a UTF-8 character), which aborts are
+resumed, and a stop string straddling the boundary between pieces."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from proxy.metrics import ProxyMetrics
 from proxy.workers.plan import read_choice
 from proxy.workers.resume import Prefix, end_at_straddling_stop, join_text, merge, resumable, version_spans
-from proxy.workers.routing import Balancer, RoutingPolicy
-from serving.client import SGLangClient
-from serving.config import ClientConfig
 from serving.models.tiny import build_tokenizer
-
-
-def balancer(n: int = 3, health_checks: bool = False, **policy: Any) -> Balancer:
-    clients = [SGLangClient(f"http://w{i}", ClientConfig()) for i in range(n)]
-    b = Balancer(clients, ProxyMetrics(), failure_cooldown_s=60, policy=RoutingPolicy(**policy))
-    b.health_checking = health_checks
-    return b
-
-
-def pick(b: Balancer, session: str | None) -> str:
-    worker = b.candidates(session)[0]
-    with b.lease(worker, session):
-        return worker.url
-
-
-def test_sessions_stick_and_new_sessions_take_turns() -> None:
-    b = balancer()
-    assert [pick(b, f"s{i}") for i in range(3)] == ["http://w0", "http://w1", "http://w2"]
-    assert [pick(b, "s1") for _ in range(3)] == ["http://w1"] * 3  # round-robin would move it
-    assert pick(b, "s3") == "http://w0"  # least recently used among the idle
-
-
-def test_a_busy_sticky_worker_is_left_beyond_the_slack() -> None:
-    b = balancer(n=2, sticky_slack=1)
-    assert pick(b, "s") == "http://w0"
-    home = b.workers[0]
-    b.acquire(home)
-    assert b.candidates("s")[0] is home  # one more in flight: within the slack
-    b.acquire(home)
-    assert b.candidates("s")[0] is b.workers[1]  # two more: moves
-    b.release(home)
-    b.release(home)
-    assert b.candidates("s")[0] is home
-
-
-def test_down_workers_come_last_and_sessions_leave_them() -> None:
-    b = balancer(n=2, health_checks=True)
-    assert pick(b, "s") == "http://w0"
-    b.mark_failed(b.workers[0], "connect")
-    assert [w.url for w in b.candidates("s")] == ["http://w1", "http://w0"]
-    assert [w.url for w in b.candidates(None)] == ["http://w1", "http://w0"]
-    b.mark_ok(b.workers[0])
-    assert b.candidates("s")[0] is b.workers[0]
-
-
-def test_without_health_checks_a_failed_worker_returns_after_the_cooldown() -> None:
-    b = balancer(n=2)
-    b.mark_failed(b.workers[0], "connect")
-    assert b.candidates()[-1] is b.workers[0]
-    b.workers[0].failed_until = 0.0  # the cooldown is over
-    assert b.candidates()[0] is b.workers[0] and b.workers[0].up
-
-
-def test_the_session_map_forgets_the_least_recently_used() -> None:
-    b = balancer(n=2, sticky_sessions_max=2)
-    for session in ("a", "b", "c"):
-        pick(b, session)
-    assert b.sticky_worker("a") is None and b.sticky_worker("c") is not None
 
 
 def piece(ids: list[int], text: str, version: str, finish: dict[str, Any] | None) -> dict[str, Any]:
