@@ -57,7 +57,8 @@ class ChatApi:
         if conversation.new_from:
             # A child stores only its new messages; the parent chain holds the rest.
             request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
-        return ChatCall(session, [Part(plan, conversation)], request_json, body, services.tokenizer)
+        return ChatCall(session, [Part(plan, conversation)], request_json, body.streaming, body,
+                        services.tokenizer)
 
 
 @dataclass(eq=False)

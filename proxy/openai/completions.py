@@ -58,7 +58,8 @@ class CompletionsApi:
                            prompt_param="prompt"), first_index=p * n)
             for p, (prompt_ids, _text) in enumerate(prompts)
         ]
-        return CompletionCall(session, parts, request_json, body, [text for _ids, text in prompts], tokenizer)
+        texts = [text for _ids, text in prompts]
+        return CompletionCall(session, parts, request_json, body.streaming, body, texts, tokenizer)
 
 
 async def _tokenize(prompt: Prompt, tokenizer: ChatTokenizer, thread_chars: int) -> tuple[list[int], str]:

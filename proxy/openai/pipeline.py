@@ -142,6 +142,8 @@ class PlannedCall(ABC):
     parts: list[Part]
     request_json: dict[str, Any]
     """What each completion records as its request (a child stores only its new messages)."""
+    streaming: bool
+    """Answered as a stream of events (else as one JSON object)."""
     last_event: ClassVar[bytes | None] = DONE
     """The event that ends the API's streams (sent with the end of the response), if it has one."""
 
@@ -214,19 +216,23 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
         await create_hidden_session(services.session_factory, session.origin, session.owner, session.id)
     end = _SessionEnd(services, session.id) if session.one_off else None
     headers = {SESSION_HEADER: session.id}
+    if call.streaming:
+        return await _stream(services, call, end, headers)
     try:
-        if getattr(body, "streaming", False):
-            return await _stream(services, call, end, headers)
         return await _answer(services, call, headers)
     finally:
-        if end is not None and not getattr(body, "streaming", False):
+        if end is not None:
             await end()
 
 
 async def _answer(services: ProxyServices, call: PlannedCall, headers: dict[str, str]) -> Response:
     """Generate every part, record every completion, then answer; 500 (and no answer) if the
     completions could not be recorded."""
-    results = list(await asyncio.gather(*(generate(services.balancer, part.plan) for part in call.parts)))
+    parts, balancer = call.parts, services.balancer
+    if len(parts) == 1:  # no task for the common case: one more scheduling hop per call
+        results = [await generate(balancer, parts[0].plan)]
+    else:
+        results = list(await asyncio.gather(*(generate(balancer, part.plan) for part in parts)))
     response = call.response(results)
     records = call.records(results, response)
     keys = call.parts[0].conversation.keys if len(call.parts) == 1 else None

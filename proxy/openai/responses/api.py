@@ -66,7 +66,8 @@ class ResponsesApi:
         # The request as sent (for GET and previous_response_id), and for the conversation tree the chat
         # messages this call adds to its parent's history.
         recorded = request_with_view(request_json, messages[conversation.new_from:], tools)
-        return ResponsesCall(session, [Part(plan, conversation)], recorded, body, chat, services.tokenizer)
+        return ResponsesCall(session, [Part(plan, conversation)], recorded, body.streaming, body, chat,
+                             services.tokenizer)
 
 
 @dataclass(eq=False)
