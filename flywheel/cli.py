@@ -7,10 +7,22 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flywheel.config import ConfigError, FlywheelConfig, load_config
+from storage.config import StorageSetupError
+
+if TYPE_CHECKING:
+    from storage.keys import KeyInfo
 
 log = logging.getLogger("flywheel")
+
+REVOKE_HELP = (
+    "revoke the key with this id (from `keys list`): every proxy on the database refuses it within "
+    "proxy.key_cache_ttl_s (a proxy keeps a key it checked that long; one revoked through "
+    "POST /rl/v1/keys/{id}/revoke is refused at once by the proxy that revoked it); a call already "
+    "running finishes. The last unrevoked admin key cannot be revoked: create another first"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,19 +44,33 @@ def build_parser() -> argparse.ArgumentParser:
     command("proxy", "run the OpenAI-compatible proxy and the RL control API")
     command("trainer", "run the Ray trainer: claim rewarded trajectories, train, push weights")
     command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
-    keys = command("keys", "API keys")
-    keys.add_argument("action", choices=["create"])
-    kind = keys.add_mutually_exclusive_group(required=True)
+    keys = command("keys", "API keys: create, list, revoke")
+    key_actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = key_actions.add_parser("create", help="a new key, printed once", description="a new key")
+    kind = create.add_mutually_exclusive_group(required=True)
     kind.add_argument("--admin", action="store_true", help="an admin key (shown once)")
     kind.add_argument("--online", action="store_true",
                       help="an online key (shown once): its calls are grouped into sessions by conversation")
+    create.add_argument("--requests-per-s", type=float, default=None,
+                        help="this key's own rate limit (else its kind's: proxy.rate_limits)")
+    create.add_argument("--burst", type=_positive_int, default=None,
+                        help="calls allowed at once above that rate (default: the rate, rounded up)")
+    create.add_argument("--tokens-per-day", type=_positive_int, default=None,
+                        help="this key's own daily quota of prompt + completion tokens (UTC days)")
+    listing = key_actions.add_parser("list", help="stored keys, newest first: id, kind, created, revoked, "
+                                     "session (never a key or its hash)", description="stored keys")
+    listing.add_argument("--kind", choices=["admin", "online", "session"], help="only keys of this kind")
+    listing.add_argument("--limit", type=_positive_int, default=100, help="show at most this many (100)")
+    revoke = key_actions.add_parser("revoke", help=REVOKE_HELP, description=REVOKE_HELP)
+    revoke.add_argument("key_id", type=int, metavar="ID")
     command("demo", "run the whole loop on a math agent and report what it learned")
     db = command("db", "database schema (Alembic)")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
     db.add_argument("--revision", default=None, help="target revision (upgrade: head; downgrade: -1)")
     command("config", "print the resolved config as YAML")
-    for sub in commands.choices.values():
-        sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    for sub in [*commands.choices.values(), *key_actions.choices.values()]:
+        if sub is not keys:  # `keys ACTION`: the overrides follow the action
+            sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser
 
 
@@ -67,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.run.log_level != "DEBUG":  # alembic logs its plugin set-up at INFO on import
         logging.getLogger("alembic").setLevel(logging.WARNING)
     handler = _HANDLERS[args.command]
-    return handler(config, args)
+    try:
+        return handler(config, args)
+    except StorageSetupError as exc:  # the database cannot be used as configured: say what to do
+        print(f"flywheel: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run_engine(config: FlywheelConfig, args: argparse.Namespace) -> int:
@@ -86,7 +116,19 @@ def _run_engine(config: FlywheelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_storage(config: FlywheelConfig) -> None:
+    """Before a command uses the database: migrate the embedded SQLite default, refuse any other
+    database behind this Flywheel's schema (storage/migrate.py `ensure_schema`)."""
+    from storage.migrate import ensure_schema
+
+    ensure_schema(config.storage, upgrade_sqlite=True)
+
+
 def _run_proxy(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    from storage.keys import load_key_hasher
+
+    _check_storage(config)
+    load_key_hasher(config.storage)  # a missing key secret, said here rather than in a startup traceback
     from proxy.server import run_proxy
 
     run_proxy(config.proxy, config.storage, config.serving)
@@ -94,6 +136,7 @@ def _run_proxy(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
 
 def _run_trainer(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    _check_storage(config)
     from trainer.runner import run_trainer
 
     run_trainer(
@@ -135,19 +178,64 @@ def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
     import asyncio
 
     from proxy.auth import create_admin_key, create_online_key
-    from storage.engine import create_engine, create_sessionmaker
+    from storage.engine import SessionFactory, create_engine, create_sessionmaker
+    from storage.keys import KeyHasher, KeyLimits, LastAdminKeyError, list_keys, load_key_hasher, revoke_key
 
-    async def create() -> str:
+    _check_storage(config)
+    hasher = load_key_hasher(config.storage) if args.action == "create" else None
+
+    async def create(session_factory: SessionFactory, hasher: KeyHasher) -> str:
+        limits = KeyLimits(args.requests_per_s, args.burst, args.tokens_per_day)
+        if args.online:
+            return await create_online_key(session_factory, hasher, limits)
+        return await create_admin_key(session_factory, hasher, limits)
+
+    async def run() -> int:
         engine = create_engine(config.storage)
         try:
-            if args.online:
-                return await create_online_key(create_sessionmaker(engine))
-            return await create_admin_key(create_sessionmaker(engine))
+            session_factory = create_sessionmaker(engine)
+            if hasher is not None:
+                print(await create(session_factory, hasher))
+            elif args.action == "list":
+                keys = await list_keys(session_factory, scope=args.kind, limit=args.limit + 1)
+                print(_key_table(keys[:args.limit]))
+                if len(keys) > args.limit:
+                    print(f"(the newest {args.limit} shown; --limit N shows more)", file=sys.stderr)
+            else:
+                try:
+                    info = await revoke_key(session_factory, args.key_id)
+                except LookupError:
+                    print(f"flywheel: no API key {args.key_id}", file=sys.stderr)
+                    return 1
+                except LastAdminKeyError as exc:
+                    print(f"flywheel: {exc}", file=sys.stderr)
+                    return 1
+                print(f"key {info.id} ({info.scope}) revoked at {info.revoked_at:%Y-%m-%d %H:%M:%S}")
+            return 0
         finally:
             await engine.dispose()
 
-    print(asyncio.run(create()))
-    return 0
+    return asyncio.run(run())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _key_table(keys: Sequence[KeyInfo]) -> str:
+    """The keys as a plain table: id, kind, created, revoked, session (no key, no hash)."""
+    rows = [("ID", "KIND", "CREATED (UTC)", "REVOKED (UTC)", "SESSION")]
+    for key in keys:
+        rows.append((
+            str(key.id), key.scope, f"{key.created_at:%Y-%m-%d %H:%M:%S}",
+            "-" if key.revoked_at is None else f"{key.revoked_at:%Y-%m-%d %H:%M:%S}", key.session_id or "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
 
 
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:

@@ -80,10 +80,12 @@ async def _admin_key(config: FlywheelConfig) -> str:
     """A fresh admin key for this run, also written to `<run dir>/admin_key` (mode 0600)."""
     from proxy.auth import create_admin_key
     from storage.engine import create_engine, create_sessionmaker
+    from storage.keys import load_key_hasher
 
+    hasher = await asyncio.to_thread(load_key_hasher, config.storage)
     engine = create_engine(config.storage)
     try:
-        key = await create_admin_key(create_sessionmaker(engine))
+        key = await create_admin_key(create_sessionmaker(engine), hasher)
     finally:
         await engine.dispose()
     path = config.run.dir / ADMIN_KEY_FILE

@@ -26,6 +26,7 @@ from storage.config import StorageConfig
 
 logger = logging.getLogger(__name__)
 
+
 def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> ProxyApp:
     """The proxy app; its services (database, tokenizer, workers, recorder, finalizer) start with it."""
 

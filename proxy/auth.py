@@ -1,4 +1,5 @@
-"""Bearer-key auth: keys are stored only as sha256 digests with a scope (admin, or one session).
+"""Bearer-key auth: keys are stored only as keyed hashes (storage/keys.py) with a scope (admin, online,
+or one session).
 
 FastAPI dependencies:
 - `require_principal`: OpenAI routes. The key must exist, be unrevoked and, for a session key, belong
@@ -6,6 +7,9 @@ FastAPI dependencies:
 - `require_key`: RL control routes. Like `require_principal`, but a session key of an ended session
   still authenticates (rewards may arrive after the end); the route decides what it may do.
 - `require_admin`: admin-only routes (403 for a session key).
+
+`may_act_on` is the one ownership check of sessions and what they hold (their RL routes, their stored
+Responses).
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from sqlalchemy import select
 
 from proxy.errors import OpenAIError
 from storage.engine import SessionFactory
-from storage.models import ApiKey, KeyScope, Session, SessionStatus
+from storage.keys import NO_KEY_LIMITS, KeyHasher, KeyLimits, find_key
+from storage.models import KeyScope, SessionStatus
 from storage.queries import create_admin_key as store_admin_key
 from storage.queries import create_online_key as store_online_key
-from storage.queries import hash_api_key
+from storage.queries import session_owner
 
 ADMIN_KEY_PREFIX = "fw-admin-"
 SESSION_KEY_PREFIX = "fw-sess-"
@@ -39,15 +43,25 @@ class Principal:
 
     scope: Scope
     session_id: str | None
-    key_hash: str | None = None  # set for an online key: the owner of its sessions
+    key_hash: str | None = None  # set for an online key (its keyed hash): the owner of its sessions
+    key_id: int | None = None
+    """The key's row (`api_keys.id`): what its rate limits and token quota count against."""
+    limits: KeyLimits = NO_KEY_LIMITS
+    """The key's own limits, where it has any (proxy/rate_limits.py)."""
 
     @property
     def is_admin(self) -> bool:
         return self.scope == "admin"
 
-    def may_act_on(self, session_id: str) -> bool:
-        """Admins act on any session, a session key only on its own."""
-        return self.is_admin or self.session_id == session_id
+
+async def may_act_on(session_factory: SessionFactory, principal: Principal, session_id: str) -> bool:
+    """Whether `principal` may act on a session and what it holds: an admin on any, a session key on its
+    own, an online key on the sessions its calls made (`sessions.owner_key_hash`, read only for it)."""
+    if principal.is_admin or principal.session_id == session_id:
+        return True
+    return principal.key_hash is not None and principal.key_hash == await session_owner(
+        session_factory, session_id
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +73,7 @@ class KeyLookup:
 
 
 class KeyCache:
-    """Keys recently found valid and active, by sha256 digest, so a busy agent costs one database
+    """Keys recently found valid and active, by keyed hash, so a busy agent costs one database
     lookup per `ttl_s` instead of one per call. Only positive answers are kept. The app clears it
     whenever an RL control call changes state (a session ended, a key rebound), so those take effect
     at once; a change made by another process takes effect within `ttl_s`. `ttl_s = 0` disables it."""
@@ -94,41 +108,40 @@ def generate_api_key(prefix: str) -> str:
     return f"{prefix}{secrets.token_urlsafe(32)}"
 
 
-async def create_admin_key(session_factory: SessionFactory) -> str:
-    """Store a new admin key (hashed) and return its plaintext: the only time anyone sees it."""
+async def create_admin_key(
+    session_factory: SessionFactory, hasher: KeyHasher, limits: KeyLimits = NO_KEY_LIMITS
+) -> str:
+    """Store a new admin key (hashed, with its own `limits`) and return its plaintext: the only time
+    anyone sees it."""
     key = generate_api_key(ADMIN_KEY_PREFIX)
-    await store_admin_key(session_factory, hash_api_key(key))
+    await store_admin_key(session_factory, hasher.hash(key), limits)
     return key
 
 
-async def create_online_key(session_factory: SessionFactory) -> str:
-    """Store a new online key (hashed) and return its plaintext: the only time anyone sees it."""
+async def create_online_key(
+    session_factory: SessionFactory, hasher: KeyHasher, limits: KeyLimits = NO_KEY_LIMITS
+) -> str:
+    """Store a new online key (hashed, with its own `limits`) and return its plaintext: the only time
+    anyone sees it."""
     key = generate_api_key(ONLINE_KEY_PREFIX)
-    await store_online_key(session_factory, hash_api_key(key))
+    await store_online_key(session_factory, hasher.hash(key), limits)
     return key
 
 
-async def lookup_key(session_factory: SessionFactory, key: str) -> KeyLookup | None:
-    """The unrevoked key with this plaintext, with its session's state; None if there is none."""
-    return await lookup_key_hash(session_factory, hash_api_key(key))
-
-
-async def lookup_key_hash(session_factory: SessionFactory, key_hash: str) -> KeyLookup | None:
-    query = (
-        select(ApiKey.scope, ApiKey.session_id, Session.status)
-        .outerjoin(Session, Session.id == ApiKey.session_id)
-        .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
-    )
-    async with session_factory() as db:
-        row = (await db.execute(query)).one_or_none()
-    if row is None:
+async def lookup_key(session_factory: SessionFactory, hasher: KeyHasher, key: str) -> KeyLookup | None:
+    """The unrevoked key with this plaintext, with its session's state; None if there is none. A key
+    stored before keyed hashing is found too, and rehashed (storage/keys.py `find_key`)."""
+    found = await find_key(session_factory, hasher, key)
+    if found is None:
         return None
-    if row.scope == KeyScope.ADMIN.value:
-        return KeyLookup(Principal("admin", None), session_active=True)
-    if row.scope == KeyScope.ONLINE.value:
-        return KeyLookup(Principal("online", None, key_hash), session_active=True)
-    active = row.status == SessionStatus.ACTIVE.value
-    return KeyLookup(Principal("session", row.session_id), session_active=active)
+    if found.scope == KeyScope.ADMIN.value:
+        return KeyLookup(Principal("admin", None, key_id=found.id, limits=found.limits), session_active=True)
+    if found.scope == KeyScope.ONLINE.value:
+        principal = Principal("online", None, found.key_hash, key_id=found.id, limits=found.limits)
+        return KeyLookup(principal, session_active=True)
+    active = found.session_status == SessionStatus.ACTIVE.value
+    principal = Principal("session", found.session_id, key_id=found.id, limits=found.limits)
+    return KeyLookup(principal, session_active=active)
 
 
 def bearer_key(request: Request) -> str:
@@ -171,12 +184,14 @@ async def require_admin(principal: Annotated[Principal, Depends(require_key)]) -
 
 
 async def _lookup(request: Request) -> KeyLookup:
-    key_hash = hash_api_key(bearer_key(request))
+    key = bearer_key(request)
     services = request.app.state.services
+    hasher: KeyHasher = services.key_hasher
+    key_hash = hasher.hash(key)
     cache: KeyCache = services.key_cache
     lookup = cache.get(key_hash)
     if lookup is None:
-        lookup = await lookup_key_hash(services.session_factory, key_hash)
+        lookup = await lookup_key(services.session_factory, hasher, key)
         if lookup is None:
             raise _unauthorized("Incorrect API key provided.")
         cache.put(key_hash, lookup)

@@ -12,6 +12,82 @@ DEFAULT_MAX_SESSIONS = 4096  # conversation trees held in memory (proxy.conversa
 DEFAULT_MAX_NODES = 20_000  # completions per session tree (proxy.conversation_nodes_max)
 
 
+class LimitsConfig(BaseModel):
+    """What one request may ask of the proxy (`proxy.limits`). Each limit is checked before the work it
+    bounds (the key before the body is read, the body's size before it is buffered, a prompt's length
+    before it is tokenized), so one bad client is refused cheaply instead of slowing every other."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(32 * 2**20, ge=1024)
+    """Largest request body in bytes, for every POST (the OpenAI and the RL API). A larger one is a 413
+    `request_too_large`: refused from its Content-Length before any of it is read, or, sent without one
+    (chunked), as soon as what was read passes the limit; nothing beyond it is buffered. 32 MiB holds
+    the longest prompt `max_prompt_chars` allows in any encoding, with room for tools."""
+    max_json_depth: int = Field(64, ge=2, le=512)
+    """Deepest nesting of arrays and objects in a JSON body; deeper is a 400 `json_too_deep`, checked on
+    the decoded body before validation. Real requests, tool schemas included, stay far below it; it
+    keeps recursive code (validation, the chat template's JSON, storage) away from Python's recursion
+    limit."""
+    max_prompt_chars: int = Field(4_000_000, ge=1)
+    """Most characters of text in one call's prompt, counted before tokenization: every message of a
+    chat call (content, reasoning, tool-call arguments), the input items and instructions of a Responses
+    call, every text prompt of a legacy call. More is a 400 `prompt_too_long` naming the field. Four
+    million characters is about a million tokens of English, beyond any served context; after
+    tokenization the context length bounds the prompt in tokens (400 `context_length_exceeded`)."""
+    max_n: int = Field(128, ge=1)
+    """Most choices (`n`) one prompt may ask for."""
+    max_prompts: int = Field(256, ge=1)
+    """Most prompts in one legacy completions call (a batch)."""
+    max_choices: int = Field(1024, ge=1)
+    """Most choices one call generates in all, `n` × the prompts of a legacy batch: each is a generation
+    on a worker and a recorded completion."""
+    max_top_logprobs: int = Field(20, ge=0)
+    """Most alternatives per token: chat's and the Responses API's `top_logprobs`, legacy completions'
+    `logprobs` (which OpenAI caps at 5 in any case)."""
+    max_rl_json_bytes: int = Field(256 * 1024, ge=2)
+    """Largest `task`, `metadata` or reward `details` the RL API stores (AReaL's `task_id` too), in
+    bytes of its compact JSON with non-ASCII characters escaped, as it is stored. A larger one is a 413
+    `request_too_large` naming the field: these are copied into every session of a group and read back
+    by the finalizer, so they describe a task (a prompt, a dataset row), they do not carry data sets."""
+
+
+class KeyRateLimit(BaseModel):
+    """How much one API key may ask of the proxy (proxy/rate_limits.py); None: no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_s: float | None = Field(None, gt=0)
+    """Inference calls per second, sustained (a token bucket, per proxy)."""
+    burst: int | None = Field(None, ge=1)
+    """Calls allowed at once above the sustained rate (the bucket's size); None: the rate, rounded up."""
+    tokens_per_day: int | None = Field(None, ge=1)
+    """Prompt and completion tokens per UTC day, counted in the database across every proxy."""
+
+
+class RateLimitsConfig(BaseModel):
+    """Rate limits and token quotas per key (`proxy.rate_limits`): the defaults of each kind of key; a
+    key's own limits (`flywheel keys create --requests-per-s ... --tokens-per-day ...`) replace its
+    kind's. Refusals are 429 with `Retry-After` and `x-ratelimit-*` headers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    admin: KeyRateLimit = Field(default_factory=KeyRateLimit)
+    """Admin keys: unlimited by default (drivers and evaluations run on them)."""
+    session: KeyRateLimit = Field(default_factory=lambda: KeyRateLimit(requests_per_s=50, burst=100))
+    """A session's key: one agent's episode, far below this unless it runs away."""
+    online: KeyRateLimit = Field(default_factory=lambda: KeyRateLimit(requests_per_s=500, burst=1000))
+    """An online key: all the live traffic of one deployment goes through it."""
+    flush_interval_s: float = Field(1.0, gt=0)
+    """How often each proxy adds the tokens it served to the database's daily counts (and reads the
+    totals back): several proxies together may pass a quota by what they serve in one interval."""
+
+    def of(self, scope: str) -> KeyRateLimit:
+        """The default limits of a kind of key ("admin", "session" or "online")."""
+        limit: KeyRateLimit = getattr(self, scope)
+        return limit
+
+
 class ProxyConfig(BaseModel):
     """The OpenAI-compatible proxy (`flywheel proxy`)."""
 
@@ -33,9 +109,21 @@ class ProxyConfig(BaseModel):
     a requested max_tokens beyond the room left is lowered to fit."""
     record_batch_max: int = Field(256, ge=1)
     """Most completions written in one transaction by the recorder's group commit."""
+    record_retry_s: float = Field(60.0, ge=0)
+    """How long the recorder keeps retrying a write while the database is unreachable. The calls being
+    recorded wait (a stream's last events, a JSON answer); past this they fail with 503 and nothing was
+    handed out as a completed answer."""
+    database_retry_after_s: float = Field(2.0, gt=0)
+    """The `Retry-After` of the 503 that refuses new work while the database is unreachable."""
+    database_probe_interval_s: float = Field(0.5, gt=0)
+    """While the database is unreachable, how often the proxy asks it `SELECT 1` to accept work again."""
     tokenize_in_thread_chars: int = Field(8192, ge=0)
     """Render and tokenize prompts of more characters than this in a worker thread, so long prompts
     do not stall the event loop; shorter ones are faster inline."""
+    parse_in_thread_bytes: int = Field(256 * 1024, ge=0)
+    """Decode, check and validate JSON bodies of more bytes than this in a worker thread, so that a
+    large request (thousands of messages, a long document) leaves the event loop answering others;
+    smaller ones are faster inline."""
     worker_failure_cooldown_s: float = Field(5.0, ge=0)
     """Without health checks (`health_check_interval_s: 0`), a worker whose call failed is out of rotation
     (tried last) for this long."""
@@ -92,6 +180,10 @@ class ProxyConfig(BaseModel):
     FastAPI asks the environment for OTel providers on every request, which shows in profiles."""
     finalizer: FinalizerConfig = Field(default_factory=FinalizerConfig)
     """The session finalizer the proxy runs: turn discount, missing rewards, session TTL, sweeps."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """What one request may ask: body size, JSON depth, prompt length, choices, logprobs, RL fields."""
+    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
+    """Requests per second and tokens per day, per API key."""
 
     @field_validator("tool_call_parser")
     @classmethod

@@ -5,6 +5,7 @@ every failure (ours, FastAPI's validation, Starlette's HTTP errors, unexpected b
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -13,6 +14,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from storage.errors import is_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,15 @@ class OpenAIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+def unavailable_error(retry_after_s: float) -> OpenAIError:
+    """The 503 of work refused or failed because the database is down (proxy/database.py)."""
+    seconds = max(1, math.ceil(retry_after_s))
+    return OpenAIError(
+        503, f"The database is unavailable; retry in {seconds} s.", "server_error",
+        code="database_unavailable", headers={"Retry-After": str(seconds)},
+    )
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     """The JSON object OpenAI answers (and streams) for an error."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
@@ -73,13 +86,10 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 def error_response(
     status: int, body: dict[str, Any], request: Request, headers: Mapping[str, str] | None = None
 ) -> Response:
-    all_headers = dict(headers or {})
-    request_id = getattr(request.state, "request_id", None)
-    if request_id:
-        all_headers[REQUEST_ID_HEADER] = request_id
-    return Response(
-        msgspec.json.encode(body), status_code=status, media_type="application/json", headers=all_headers
-    )
+    """An error answer; its `x-request-id` is added by the request context (proxy/request_context.py),
+    which wraps every route, as it is to every answer."""
+    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json",
+                    headers=dict(headers or {}))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -88,6 +98,36 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
+    app.add_middleware(UnexpectedErrors)
+
+
+class UnexpectedErrors:
+    """Answers an exception no handler took (a bug) with the 500 of `_unexpected_error`, which logs it in
+    one line. Starlette's outermost middleware would answer it too, but then re-raises it to the server,
+    which logs its whole trace at error level for every such request. An exception after the answer
+    started cannot be answered any more; it goes on to the server."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_started(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except Exception as exc:
+            if started:
+                raise
+            response = await _unexpected_error(Request(scope, receive), exc)
+            await response(scope, receive, send)
 
 
 async def error_answer(request: Request, exc: Exception) -> Response:
@@ -126,15 +166,27 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    logger.error(
-        "unhandled error on %s %s (request %s)",
-        request.method,
-        request.url.path,
-        getattr(request.state, "request_id", "-"),
-        exc_info=exc,
-    )
+    if is_unavailable(exc):
+        return _database_down(request, exc)
+    # One line per failure, its type and message; the trace only at debug level, so that a route failing
+    # for every request cannot flood the log.
+    request_id = getattr(request.state, "request_id", "-")
+    logger.error("unhandled error on %s %s (request %s): %s: %s", request.method, request.url.path,
+                 request_id, type(exc).__name__, exc)
+    logger.debug("unhandled error of request %s", request_id, exc_info=exc)
     body = error_body("The server had an error while processing your request.", "server_error")
     return error_response(500, body, request)
+
+
+def _database_down(request: Request, exc: Exception) -> Response:
+    """503 with Retry-After for work that met a database that is down; the app's circuit opens."""
+    database: Any = getattr(getattr(request.app.state, "services", None), "database", None)
+    if database is not None:
+        database.failed(exc)
+    error = unavailable_error(database.retry_after_s if database is not None else 1.0)
+    logger.warning("%s %s: database unavailable (request %s): %s: %s", request.method, request.url.path,
+                   getattr(request.state, "request_id", "-"), type(exc).__name__, exc)
+    return error_response(error.status, error.body(), request, error.headers)
 
 
 def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None, str]:
@@ -150,6 +202,8 @@ def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None, 
     if kind == "json_invalid":
         return "We could not parse the JSON body of your request.", None, "invalid_json"
     if kind == "missing":
+        if param is None:  # the body itself
+            return "Missing the request body: send a JSON object.", None, "missing_required_parameter"
         return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
     detail = str(first.get("msg", "invalid value"))
     where = f"'{param}'" if param else "the request body"

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import error_answer
@@ -55,6 +56,12 @@ class ProxyApp(FastAPI):
         self.hot_routes[path] = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "\x00" in scope["path"]:
+            # A path holding a NUL (`%00`) names nothing here, and would reach the database in a path
+            # parameter, which Postgres cannot even compare: an unknown URL, before any route runs.
+            response = await error_answer(Request(scope, receive), StarletteHTTPException(404))
+            await response(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             hot = self.hot_routes.get(scope["path"])
             if hot is not None:

@@ -107,6 +107,10 @@ class ProxyMetrics:
             "rewrites history, or retokenization drift the chaining avoided)",
             registry=self.registry,
         )
+        self.database_up = Gauge(
+            "flywheel_proxy_database_up", "1 while the database answers, 0 while the proxy refuses new work "
+            "because it does not", registry=self.registry,
+        )
         self.stream_disconnects = Counter(
             "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
             registry=self.registry,

@@ -3,13 +3,16 @@
 dependency (or `request.app.state.services` on the hot routes).
 
 The parts, and what each is given (none of them sees this container):
-- the database (`engine`, `session_factory`) and the `tokenizer` of the served model;
+- the database (`engine`, `session_factory`; checked to be at this Flywheel's schema), `key_hasher`
+  (how API keys are stored) and the `tokenizer` of the served model;
 - `balancer`: the workers, routed by session, with the routing policy and the tokenizer's decode;
 - `conversations`: each session's conversation tree (proxy/conversations/), and `prompter`, which
   builds a call's prompt from it with the tokenizer and metrics;
 - `recorder`: group commit of completions, then the conversation index and the metrics learn them;
 - `finalizer`: turns ended, rewarded sessions into trajectories (rewards/finalizer.py), sweeping in
-  the background while the services live;
+  the background while the services live; it waits for a session's `calls` still in flight;
+- `database`: the circuit that refuses new work with 503 while the database is unreachable;
+- `limiter`: each key's rate limit and daily token quota (proxy/rate_limits.py);
 - `background`: tasks that outlive a request (a stream's recording after its client left), awaited at
   shutdown; `health_checks` of the workers run while the services live.
 """
@@ -32,8 +35,11 @@ from proxy.auth import KeyCache
 from proxy.config import ProxyConfig
 from proxy.conversations.index import ConversationIndex
 from proxy.conversations.prompt import Prompter
+from proxy.database import DatabaseCircuit
 from proxy.metrics import ProxyMetrics
+from proxy.rate_limits import KeyLimiter
 from proxy.recording.indexing import IndexingRecorder
+from proxy.sessions import SessionCalls
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
 from proxy.workers.routing import Balancer, RoutingPolicy, health_checks
 from rewards.finalizer import SessionFinalizer
@@ -42,6 +48,8 @@ from serving.config import ServingConfig
 from serving.models.loading import default_cache_dir, resolve_model_dir
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
+from storage.keys import KeyHasher, load_key_hasher
+from storage.migrate import ensure_schema
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +93,15 @@ class ProxyServices:
     balancer: Balancer
     metrics: ProxyMetrics
     key_cache: KeyCache
+    key_hasher: KeyHasher
+    """How keys are hashed, with the secret every process on this database shares (storage/keys.py)."""
     conversations: ConversationIndex
     prompter: Prompter
     recorder: IndexingRecorder
     finalizer: SessionFinalizer
+    calls: SessionCalls
+    database: DatabaseCircuit
+    limiter: KeyLimiter
     background: Background
     started_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -121,7 +134,10 @@ async def build_services(
     proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig
 ) -> AsyncIterator[ProxyServices]:
     """Open the database, load the tokenizer, connect the workers, start the recorder, the finalizer
-    and the health checks; undo it all on exit (after in-flight recordings finish)."""
+    and the health checks; undo it all on exit (after in-flight recordings finish). A database not at
+    this Flywheel's schema, or without a key secret, stops it before it serves anything."""
+    await asyncio.to_thread(ensure_schema, storage, upgrade_sqlite=False)
+    key_hasher = await asyncio.to_thread(load_key_hasher, storage)
     metrics = ProxyMetrics()
     cache_dir = serving.cache_dir if serving.cache_dir is not None else default_cache_dir()
     model_dir = await asyncio.to_thread(resolve_model_dir, serving.model, cache_dir)
@@ -139,6 +155,8 @@ async def build_services(
         session_factory, proxy.conversation_sessions_max, proxy.conversation_nodes_max
     )
     background = Background()
+    database = DatabaseCircuit(engine, metrics, proxy.database_retry_after_s, proxy.database_probe_interval_s)
+    calls = SessionCalls()
     services = ProxyServices(
         config=proxy,
         engine=engine,
@@ -149,11 +167,16 @@ async def build_services(
         balancer=balancer,
         metrics=metrics,
         key_cache=KeyCache(proxy.key_cache_ttl_s),
+        key_hasher=key_hasher,
         conversations=conversations,
         prompter=Prompter(conversations, tokenizer, metrics, background.spawn, proxy.tokenize_in_thread_chars,
                           proxy.drift_check_every),
-        recorder=IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations),
-        finalizer=SessionFinalizer(session_factory, proxy.finalizer),
+        recorder=IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations,
+                                  proxy.record_retry_s, database.failed),
+        finalizer=SessionFinalizer(session_factory, proxy.finalizer, calls),
+        calls=calls,
+        database=database,
+        limiter=KeyLimiter(proxy.rate_limits, session_factory),
         background=background,
     )
     logger.info(
@@ -168,9 +191,11 @@ async def build_services(
     async with AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
         stack.push_async_callback(pool.close)
+        stack.push_async_callback(database.stop)
         services.recorder.start()
         stack.push_async_callback(services.recorder.stop)
         stack.push_async_callback(background.drain, _SHUTDOWN_GRACE_S)
         await stack.enter_async_context(services.finalizer.running())
+        await stack.enter_async_context(services.limiter.tokens.flushing())
         await stack.enter_async_context(health_checks(balancer, proxy.health_check_interval_s))
         yield services

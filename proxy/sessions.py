@@ -1,16 +1,20 @@
-"""Session and group ids, and the sessions the proxy opens by itself: one for each admin call (which
-has no session of its own) and one for each new conversation on an online key. Such a session's key
-is never handed out: an admin key, or the online key that owns the session, acts on it."""
+"""Session and group ids; the sessions the proxy opens by itself: one for each admin call (which has no
+session of its own) and one for each new conversation on an online key (such a session's key is never
+handed out: an admin key, or the online key that owns the session, acts on it); and the calls each
+session has in flight, which its end waits for."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from typing import Any, Literal
 
-from proxy.auth import SESSION_KEY_PREFIX, generate_api_key
+from proxy.errors import OpenAIError
 from storage.engine import SessionFactory
-from storage.queries import create_session, hash_api_key
+from storage.queries import create_session
 from storage.records import SessionRecord
 
 logger = logging.getLogger(__name__)
@@ -40,10 +44,77 @@ async def create_hidden_session(
     metadata: dict[str, Any] = {"origin": origin}
     if origin == ADMIN_CALL_ORIGIN:
         metadata["missing_reward"] = "drop"
-    # A session needs a key to exist; nobody ever learns this one.
+    # A session needs a key row to exist; this one stores a random digest that no key hashes to, so
+    # nobody can ever present it.
     await create_session(session_factory, SessionRecord(
-        id=session_id, key_hash=hash_api_key(generate_api_key(SESSION_KEY_PREFIX)), metadata=metadata,
+        id=session_id, key_hash=secrets.token_hex(32), metadata=metadata,
         owner_key_hash=owner_key_hash,
     ))
     logger.debug("session %s opened for a call (%s)", session_id, origin)
     return session_id
+
+
+CLOSED_REMEMBERED_S = 600.0
+"""How long a closed session stays refused here: longer than any call takes from its key check to its
+start, after which the key check itself refuses the ended session."""
+CLOSED_MAX = 100_000
+
+
+class SessionCalls:
+    """The calls each session has generating or recording in this proxy, so that ending a session loses
+    none of them. Its finalization first `close`s the session (a call that had passed the key check but
+    not yet started is refused with 409: the openai client retries it, and the retry finds the session
+    ended), then waits until the calls that started before are recorded (`drained`), so every answered
+    call is in the session's trajectories."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._closed: OrderedDict[str, float] = OrderedDict()
+
+    def enter(self, session_id: str) -> None:
+        """A call of the session starts; 409 if the session is being ended (or was)."""
+        if self._is_closed(session_id):
+            raise OpenAIError(
+                409, f"Session {session_id} ended while this call was starting; it was not run.",
+                "conflict_error", code="session_ended",
+            )
+        self._running[session_id] = self._running.get(session_id, 0) + 1
+
+    def leave(self, session_id: str) -> None:
+        """A call of the session is done (recorded, or failed)."""
+        left = self._running[session_id] - 1
+        if left:
+            self._running[session_id] = left
+            return
+        del self._running[session_id]
+        idle = self._idle.pop(session_id, None)
+        if idle is not None:
+            idle.set()
+
+    def close(self, session_id: str) -> None:
+        """No call of the session may start from now on."""
+        self._closed[session_id] = time.monotonic() + CLOSED_REMEMBERED_S
+        self._closed.move_to_end(session_id)
+        while len(self._closed) > CLOSED_MAX:
+            self._closed.popitem(last=False)
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a call of the session is running here."""
+        return session_id in self._running
+
+    async def drained(self, session_id: str) -> None:
+        """Return once no call of the session is running here."""
+        if session_id not in self._running:
+            return
+        idle = self._idle.setdefault(session_id, asyncio.Event())
+        await idle.wait()
+
+    def _is_closed(self, session_id: str) -> bool:
+        until = self._closed.get(session_id)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._closed[session_id]
+            return False
+        return True

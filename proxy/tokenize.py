@@ -23,6 +23,8 @@ _TOKEN_BYTES_CACHE = 65536
 RENDER_CACHE_ENTRIES = 4096
 RENDER_CACHE_COST = 4_000_000
 """The render cache's bound, in token ids plus key bytes (about 150 MB at most)."""
+_GIL_FREE_ENCODE_CHARS = 4096
+"""Texts longer than this are encoded with the GIL released (`ChatTokenizer.encode`)."""
 
 
 class RenderCache:
@@ -125,17 +127,18 @@ class ChatTokenizer:
         cached = self._cached_render(key)
         if cached is not None:
             return cached
-        size = sum(len(m["content"]) if isinstance(m.get("content"), str) else len(json.dumps(m["content"]))
-                   for m in messages)
-        if tools:
-            size += sum(len(json.dumps(tool)) for tool in tools)
-        if size > thread_above_chars:
+        if template_chars(messages, tools) > thread_above_chars:
             return await asyncio.to_thread(self._render_fresh, messages, tools, key)
         return self._render_fresh(messages, tools, key)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` with no special tokens added (the template already wrote them)."""
+        """Token ids of `text` with no special tokens added (the template already wrote them). A long text
+        goes through `encode_batch`, the same tokenization, because `tokenizers` releases the GIL only
+        there: its `encode` holds it throughout, so even in a worker thread a long prompt would stop the
+        event loop for the whole of its tokenization."""
         if self._backend is not None:
+            if len(text) > _GIL_FREE_ENCODE_CHARS:
+                return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -166,6 +169,16 @@ class ChatTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def template_chars(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> int:
+    """About how many characters the chat template renders for `messages` and `tools`: what tells a
+    render worth a worker thread from one faster inline."""
+    size = sum(len(m["content"]) if isinstance(m.get("content"), str) else len(json.dumps(m["content"]))
+               for m in messages)
+    if tools:
+        size += sum(len(json.dumps(tool)) for tool in tools)
+    return size
 
 
 def _render_key(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> bytes | None:

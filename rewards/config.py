@@ -30,6 +30,10 @@ class FinalizerConfig(BaseModel):
     `missing_reward` (a driver may end a session first and post its reward afterwards)."""
     session_ttl_s: float = Field(3600.0, gt=0.0)
     """A session still active this long after it was created is ended and finalized by the sweep; an
-    online key's session (proxy/online.py) this long after its last call."""
+    online key's session (proxy/conversations/online.py) this long after its last call."""
     sweep_interval_s: float = Field(5.0, gt=0.0)
     """Seconds between background sweeps for ended, expired or missed sessions."""
+    call_drain_timeout_s: float = Field(900.0, gt=0.0)
+    """Longest a session's finalization waits for its calls still generating or recording in the proxy
+    (longer than `proxy.resume_timeout_s`, the longest a generation waits out weight pushes); a call
+    still running after that is not in the session's trajectories, and a warning says so."""

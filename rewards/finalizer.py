@@ -13,6 +13,10 @@ When a session is finalized:
 - by the sweep: ended sessions that are ready (catching up after a restart), ended sessions that waited
   `reward_grace_s` for a reward, and sessions still active `session_ttl_s` after creation (ended first).
 A session finalized without any reward follows `missing_reward` ("zero" or "drop"), with a warning.
+
+Calls still in flight: before an ended session is finalized, the process's `CallsInFlight` (the proxy's)
+closes it to new calls and the finalization waits until the calls that had started are recorded, so an
+answered call is never left out of its session's trajectories.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import and_, func, or_, select
 
@@ -36,8 +41,9 @@ from rewards.finalize import (
 )
 from rewards.snapshot import SessionSnapshot, as_utc, load_session_snapshot
 from storage.engine import SessionFactory
+from storage.errors import is_unavailable
 from storage.models import Completion, Session, SessionStatus
-from storage.queries import end_session, insert_trajectories
+from storage.queries import SessionChangedError, end_session, insert_trajectories
 from storage.records import TrajectoryRecord
 
 logger = logging.getLogger(__name__)
@@ -49,6 +55,19 @@ class SessionActiveError(ValueError):
     """Finalizing needs an ended session: end it first."""
 
 
+class CallsInFlight(Protocol):
+    """The calls each session has running in this process, which its finalization waits for."""
+
+    def close(self, session_id: str) -> None:
+        """No call of the session may start from now on."""
+
+    def busy(self, session_id: str) -> bool:
+        """Whether a call of the session is running."""
+
+    async def drained(self, session_id: str) -> None:
+        """Return once no call of the session is running."""
+
+
 @dataclass(eq=False)
 class _Guard:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -58,9 +77,12 @@ class _Guard:
 class SessionFinalizer:
     """Builds and writes each ended session's trajectories exactly once (see the module docstring)."""
 
-    def __init__(self, session_factory: SessionFactory, config: FinalizerConfig) -> None:
+    def __init__(
+        self, session_factory: SessionFactory, config: FinalizerConfig, calls: CallsInFlight | None = None
+    ) -> None:
         self._session_factory = session_factory
         self.config = config
+        self._calls = calls
         self._tasks: set[asyncio.Task[int | None]] = set()
         self._guards: dict[str, _Guard] = {}
 
@@ -82,14 +104,28 @@ class SessionFinalizer:
         """Finalize an ended session now, with whatever rewards it has. Returns the number of
         trajectories written: 0 if it was finalized already (by anyone) or yields none.
         LookupError for an unknown session, SessionActiveError for one not ended."""
+        await self._drain(session_id)
         async with self.session_guard(session_id):
             written = await self._finalize_locked(session_id, require_ready=False)
         return written or 0
 
     async def finalize_if_ready(self, session_id: str) -> int | None:
         """Finalize the session if it has ended and is ready; None (nothing done) otherwise."""
+        await self._drain(session_id)
         async with self.session_guard(session_id):
             return await self._finalize_locked(session_id, require_ready=True)
+
+    async def _drain(self, session_id: str) -> None:
+        """If the session has ended: close it to new calls and wait for those still running (outside its
+        guard, so rewards are not held up meanwhile)."""
+        if self._calls is None or await self._status(session_id) != SessionStatus.ENDED.value:
+            return
+        self._calls.close(session_id)
+        try:
+            await asyncio.wait_for(self._calls.drained(session_id), self.config.call_drain_timeout_s)
+        except TimeoutError:
+            logger.warning("session %s: calls still running after %.0f s are left out of its trajectories",
+                           session_id, self.config.call_drain_timeout_s)
 
     def schedule(self, session_id: str, *, now: bool = False) -> asyncio.Task[int | None]:
         """Finalize in the background (`now`: whatever its rewards, else only when ready), so an HTTP
@@ -111,8 +147,12 @@ class SessionFinalizer:
         while not stop_event.is_set():
             try:
                 await self.sweep()
-            except Exception:  # a background loop must outlive a database hiccup
-                logger.exception("session sweep failed; retrying in %.1f s", self.config.sweep_interval_s)
+            except Exception as exc:  # a background loop must outlive a database hiccup
+                if is_unavailable(exc):  # an outage: one line per sweep, not a trace
+                    logger.warning("session sweep: database unavailable (%s); retrying in %.1f s", exc,
+                                   self.config.sweep_interval_s)
+                else:
+                    logger.exception("session sweep failed; retrying in %.1f s", self.config.sweep_interval_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_event.wait(), timeout=self.config.sweep_interval_s)
         await self.wait_idle()
@@ -137,11 +177,17 @@ class SessionFinalizer:
         grace_cutoff = now - timedelta(seconds=self.config.reward_grace_s)
         due = [(session_id, ended_at <= grace_cutoff) for session_id, ended_at in ended]
         for session_id in expired:
+            if self._calls is not None:
+                self._calls.close(session_id)
             if await end_session(self._session_factory, session_id):
                 logger.info("session %s: ended by its %.0f s TTL", session_id, self.config.session_ttl_s)
             due.append((session_id, True))  # abandoned: no reward is coming any more
         finalized = 0
         for session_id, waited_enough in due:
+            if self._calls is not None:
+                self._calls.close(session_id)
+                if self._calls.busy(session_id):
+                    continue  # the next sweep finalizes it, once its calls are recorded
             async with self.session_guard(session_id):
                 done = await self._finalize_locked(session_id, require_ready=not waited_enough)
             finalized += done is not None
@@ -194,7 +240,11 @@ class SessionFinalizer:
         if require_ready and not is_ready(rewards, trainable):
             return None
         trajectories = await asyncio.to_thread(self._trajectories, snapshot)
-        return await self._write(session_id, trajectories)
+        try:
+            return await self._write(session_id, trajectories, len(snapshot.completions))
+        except SessionChangedError:  # a call was recorded meanwhile: build again with it
+            logger.info("session %s: a completion arrived while finalizing; building it again", session_id)
+            return await self._finalize_locked(session_id, require_ready=require_ready)
 
     def _trajectories(self, snapshot: SessionSnapshot) -> list[TrajectoryRecord]:
         rewards = combine_rewards(snapshot.reward_entries())
@@ -232,9 +282,9 @@ class SessionFinalizer:
         )
         return trajectories
 
-    async def _write(self, session_id: str, trajectories: list[TrajectoryRecord]) -> int:
+    async def _write(self, session_id: str, trajectories: list[TrajectoryRecord], completions: int) -> int:
         try:
-            ids = await insert_trajectories(self._session_factory, session_id, trajectories)
+            ids = await insert_trajectories(self._session_factory, session_id, trajectories, completions)
         except ValueError:
             if await self._status(session_id) != SessionStatus.FINALIZED.value:
                 raise

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 SUPPORTED_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
+MIN_KEY_SECRET_CHARS = 32
+
+
+class StorageSetupError(RuntimeError):
+    """The database cannot be used as configured (its schema is not this Flywheel's, or no key secret is
+    set where one must be); the message says what to do. Entry points print it and exit."""
 
 
 class StorageConfig(BaseModel):
@@ -28,6 +34,14 @@ class StorageConfig(BaseModel):
     crashes (a `kill -9`d proxy loses nothing it answered) and only a power loss or OS crash can drop
     the last commits; it saves an fsync per commit, which is most of the proxy's recording cost.
     FULL also survives power loss."""
+    key_secret: SecretStr | None = Field(None, min_length=MIN_KEY_SECRET_CHARS)
+    """The server secret API keys are hashed with (HMAC-SHA256; storage/keys.py). Every process on one
+    database (every proxy, the CLI, the trainer) must use the same one, and changing it invalidates
+    every key made since it was set. Unset on SQLite: a secret generated once into a 0600 file beside
+    the database (`<database>.key-secret`). Unset on Postgres: processes refuse to start, since a
+    secret kept in the database it protects would protect nothing if that database leaked. Set it
+    from the environment (`FLYWHEEL_STORAGE__KEY_SECRET`, e.g. `openssl rand -hex 32`), not a file
+    others can read; `flywheel config` prints it masked."""
 
     @field_validator("url")
     @classmethod

@@ -1,8 +1,10 @@
-"""Alembic, driven from code: upgrade, downgrade and inspect a database's schema revision by URL."""
+"""Alembic, driven from code: upgrade, downgrade and inspect a database's schema revision by URL, and
+`ensure_schema`, which every entry point runs before it uses the database."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -10,10 +12,14 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import make_url
 from sqlalchemy.engine import Connection
 
-from storage.config import StorageConfig
-from storage.engine import create_engine
+from storage.config import StorageConfig, StorageSetupError
+from storage.engine import SQLITE_DRIVER, create_engine
+
+logger = logging.getLogger(__name__)
 
 
 def alembic_config(url: str) -> Config:
@@ -70,3 +76,46 @@ async def _current(url: str) -> str | None:
 
 def _revision_of(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
+
+
+class SchemaError(StorageSetupError):
+    """The database is not at the schema revision this Flywheel needs; the message says what to run."""
+
+
+def ensure_schema(config: StorageConfig, *, upgrade_sqlite: bool) -> None:
+    """Make sure the database is at this Flywheel's head revision before anything uses it, so an entry
+    point fails at once with a message instead of serving errors on a missing table or column.
+
+    With `upgrade_sqlite`, a SQLite database behind head (or empty) is migrated: the embedded default is
+    one user's own file, migrated on first use by every command that opens it. Anything else behind
+    head (a shared Postgres database, whose migration its operator runs once, `flywheel db upgrade`)
+    is a `SchemaError`, as is a database ahead of what this Flywheel knows."""
+    url = config.url
+    shown = make_url(url).render_as_string(hide_password=True)
+    head = head_revision()
+    try:
+        revision = current(url)
+    except Exception as exc:  # any failure to open it: an entry point reports it, not a traceback
+        raise SchemaError(f"cannot read the schema revision of {shown}: {type(exc).__name__}: {exc}") from exc
+    if revision == head:
+        return
+    if revision is not None and not _known(revision):
+        raise SchemaError(
+            f"{shown} is at schema revision {revision}, newer than this Flywheel knows (head {head}): "
+            "run a Flywheel at least as new as the one that migrated it"
+        )
+    if upgrade_sqlite and make_url(url).drivername == SQLITE_DRIVER:
+        logger.info("migrating %s from revision %s to %s", shown, revision, head)
+        upgrade(url)
+        return
+    raise SchemaError(
+        f"{shown} is at schema revision {revision or 'none (an empty database)'}, and this Flywheel needs "
+        f"{head}: run `flywheel db upgrade` with the same storage.url first"
+    )
+
+
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config("")).get_revision(revision) is not None
+    except CommandError:
+        return False

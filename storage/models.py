@@ -3,12 +3,14 @@ them exactly."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
+    Date,
     DateTime,
     Double,
     ForeignKey,
@@ -71,8 +73,15 @@ class KeyScope(StrEnum):
     ONLINE = "online"  # long-lived: its calls join the sessions it owns by conversation, or start new ones
 
 
+class KeyHashScheme(StrEnum):
+    """How an api_keys row's `key_hash` was computed from its key (storage/keys.py)."""
+
+    LEGACY_SHA256 = "sha256"  # before keyed hashing; rewritten to HMAC_SHA256 when the key is next used
+    HMAC_SHA256 = "hmac-sha256"  # HMAC-SHA256 with the server secret (`storage.key_secret`)
+
+
 class ApiKey(Base):
-    """A bearer key, stored only as its sha256 hex digest."""
+    """A bearer key, stored only as a hex digest (`hash_scheme` says which), and its per-key limits."""
 
     __tablename__ = "api_keys"
     __table_args__ = (
@@ -81,14 +90,23 @@ class ApiKey(Base):
             " OR (scope = 'online' AND session_id IS NULL)",
             name="scope_matches_session",
         ),
+        CheckConstraint("hash_scheme IN ('sha256', 'hmac-sha256')", name="hash_scheme_known"),
     )
 
     id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # New rows are keyed; the server default marks rows written by a process that predates the column.
+    hash_scheme: Mapped[str] = mapped_column(
+        String(16), default=KeyHashScheme.HMAC_SHA256.value, server_default=KeyHashScheme.LEGACY_SHA256.value
+    )
     scope: Mapped[str] = mapped_column(String(16))
     session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
     created_at: Mapped[Created]
     revoked_at: Mapped[datetime | None]
+    # Per-key limits (null: the proxy's defaults apply).
+    requests_per_s: Mapped[float | None] = mapped_column(Double)
+    burst: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Group(Base):
@@ -243,3 +261,14 @@ class TrainStep(Base):
     policy_version: Mapped[int] = mapped_column(ForeignKey("policy_versions.version"), index=True)
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[Created]
+
+
+class KeyUsage(Base):
+    """Tokens (prompt + completion) served to one API key on one UTC day: what daily quotas count."""
+
+    __tablename__ = "key_usage"
+    __table_args__ = (CheckConstraint("tokens >= 0", name="tokens_not_negative"),)
+
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    tokens: Mapped[int] = mapped_column(BigInteger)

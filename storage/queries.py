@@ -3,7 +3,6 @@ trajectories. The trainer's claim and step functions live in storage/claims.py (
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from sqlalchemy.orm import aliased
 
 from storage.claims import ClaimLostError, claim_batch, latest_policy_version, record_step, release_claim
 from storage.engine import SessionFactory, affected_rows, write_transaction
+from storage.keys import NO_KEY_LIMITS, KeyLimits
 from storage.models import (
     ApiKey,
     Completion,
@@ -36,6 +36,7 @@ from storage.records import (
 
 __all__ = [
     "ClaimLostError",
+    "SessionChangedError",
     "active_owned_sessions",
     "add_reward",
     "claim_batch",
@@ -46,7 +47,6 @@ __all__ = [
     "create_session",
     "end_session",
     "find_api_key",
-    "hash_api_key",
     "insert_trajectories",
     "latest_policy_version",
     "load_completion_chain",
@@ -59,20 +59,25 @@ __all__ = [
 ]
 
 
-def hash_api_key(key: str) -> str:
-    """The sha256 hex digest stored in place of a bearer key."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-async def create_admin_key(session_factory: SessionFactory, key_hash: str) -> None:
+async def create_admin_key(
+    session_factory: SessionFactory, key_hash: str, limits: KeyLimits = NO_KEY_LIMITS
+) -> None:
+    """An admin key, stored as its keyed hash (storage/keys.py: `KeyHasher`), with its own `limits`."""
     async with write_transaction(session_factory) as db:
-        db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ADMIN.value, session_id=None))
+        db.add(_key_row(key_hash, KeyScope.ADMIN, limits))
 
 
-async def create_online_key(session_factory: SessionFactory, key_hash: str) -> None:
+async def create_online_key(
+    session_factory: SessionFactory, key_hash: str, limits: KeyLimits = NO_KEY_LIMITS
+) -> None:
     """A long-lived key without a session: its calls join the sessions it owns by conversation."""
     async with write_transaction(session_factory) as db:
-        db.add(ApiKey(key_hash=key_hash, scope=KeyScope.ONLINE.value, session_id=None))
+        db.add(_key_row(key_hash, KeyScope.ONLINE, limits))
+
+
+def _key_row(key_hash: str, scope: KeyScope, limits: KeyLimits) -> ApiKey:
+    return ApiKey(key_hash=key_hash, scope=scope.value, session_id=None, requests_per_s=limits.requests_per_s,
+                  burst=limits.burst, tokens_per_day=limits.tokens_per_day)
 
 
 async def active_owned_sessions(
@@ -236,15 +241,29 @@ async def add_reward(
         return reward.id
 
 
+class SessionChangedError(RuntimeError):
+    """A completion joined the session after its trajectories were built: build them again."""
+
+
 async def insert_trajectories(
-    session_factory: SessionFactory, session_id: str, trajectories: Sequence[TrajectoryRecord]
+    session_factory: SessionFactory, session_id: str, trajectories: Sequence[TrajectoryRecord],
+    completions: int | None = None,
 ) -> list[int]:
     """Write a session's trajectories and mark it finalized, in one transaction, so a claimer never sees a
     finalized session without its trajectories. An empty list finalizes a rejected session. Returns the
-    new ids, in order. A session already finalized is a ValueError; an unknown one a LookupError."""
+    new ids, in order. A session already finalized is a ValueError; an unknown one a LookupError.
+    `completions`: how many the trajectories were built from; if the session has more by now (a call
+    recorded since), nothing is written and SessionChangedError says to build them again. From this
+    transaction on no completion can join the session (a trigger refuses it: migration 0006)."""
     rows = [_trajectory_row(t) for t in trajectories]
     async with write_transaction(session_factory) as db:
         group_id = await _finalize(db, session_id)
+        if completions is not None:
+            now = await db.scalar(
+                select(func.count()).select_from(Completion).where(Completion.session_id == session_id)
+            )
+            if now != completions:
+                raise SessionChangedError(f"session {session_id} has {now} completions, not {completions}")
         if not rows:
             return []
         for row in rows:

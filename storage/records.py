@@ -21,7 +21,7 @@ class GroupRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionRecord:
-    """A new session and the sha256 hex digest of its session key."""
+    """A new session and the keyed hash of its session key (storage/keys.py: `KeyHasher`)."""
 
     id: str
     key_hash: str

@@ -2,7 +2,8 @@
 databases, on SQLite and on Postgres, whose schema is built by running the Alembic migrations.
 
 - `empty_db_url`: a fresh, empty database (a SQLite file in tmp_path, or a scratch Postgres database
-  `flywheel_t_<random>` created on the server of FLYWHEEL_TEST_POSTGRES_URL and dropped afterwards).
+  `flywheel_t_<random>` created on the server of FLYWHEEL_TEST_POSTGRES_URL and dropped afterwards);
+  `empty_postgres_url`: only the latter.
 - `db_url`: the same, migrated to head.
 - `engine`, `session_factory`: storage's AsyncEngine and session factory on `db_url`.
 
@@ -14,7 +15,6 @@ are in tests/integration/conftest.py.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -31,9 +31,9 @@ from tests.support.databases import (
     DEFAULT_POSTGRES_URL,
     POSTGRES_URL_ENV,
     REQUIRE_POSTGRES_ENV,
-    execute_autocommit,
     run_coroutine_outside_loop,
     run_outside_loop,
+    scratch_postgres_database,
     unreachable_because,
 )
 
@@ -80,15 +80,16 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'flywheel.db'}"
         return
-    server_url = request.getfixturevalue("postgres_server_url")
-    name = f"flywheel_t_{secrets.token_hex(6)}"
-    run_coroutine_outside_loop(lambda: execute_autocommit(server_url, f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        run_coroutine_outside_loop(
-            lambda: execute_autocommit(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        )
+    with scratch_postgres_database(request.getfixturevalue("postgres_server_url")) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh empty Postgres database, dropped afterwards, for what only Postgres does (the test is
+    marked `postgres`)."""
+    with scratch_postgres_database(postgres_server_url) as url:
+        yield url
 
 
 @pytest.fixture

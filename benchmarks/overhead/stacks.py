@@ -26,6 +26,8 @@ LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = REPO / ".venv-bench" / "litellm"
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_MODEL = "bench"
+# One key secret for every `flywheel` process of a benchmark run (Postgres needs one set; storage/keys.py).
+KEY_SECRET = secrets.token_hex(32)
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ def free_port() -> int:
 
 def _env() -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    secret = {"FLYWHEEL_STORAGE__KEY_SECRET": KEY_SECRET}
+    return {**secret, **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 @contextmanager
@@ -212,10 +215,11 @@ def sqlite_database() -> Iterator[str]:
 
 @contextmanager
 def flywheel_proxy(
-    logs: Path, db_url: str, upstream: str, sessions: int, model: str = "tiny"
+    logs: Path, db_url: str, upstream: str, sessions: int, model: str = "tiny", settings: tuple[str, ...] = ()
 ) -> Iterator[Server]:
     """`flywheel proxy` on `db_url` (migrated first) in front of `upstream`; yields it with the keys of
-    `sessions` sessions created through the RL API with an admin key from `flywheel keys create`."""
+    `sessions` sessions created through the RL API with an admin key from `flywheel keys create`.
+    `settings` are more `key=value` overrides (`proxy.context_length=…`)."""
     port = free_port()
     overrides = [
         f"storage.url={db_url}",
@@ -223,6 +227,7 @@ def flywheel_proxy(
         f'serving.worker_urls=["{upstream}"]',
         f"proxy.port={port}",
         "run.log_level=WARNING",
+        *settings,
     ]
     _flywheel(["db", "upgrade"], overrides)
     admin_key = _flywheel(["keys", "create", "--admin"], overrides).strip().splitlines()[-1]

@@ -68,6 +68,17 @@ class ChatMessage(_Lenient):
             return self.content
         return "\n".join(part.value for part in self.content)
 
+    def text_chars(self) -> int:
+        """Characters of text the message brings to a prompt (content, reasoning, tool-call arguments),
+        counted without joining or rendering anything."""
+        content = self.content
+        chars = len(content) if isinstance(content, str) else sum(len(part.value) for part in content or ())
+        chars += len(self.reasoning_content or "")
+        for call in self.tool_calls or ():
+            arguments = call.function.arguments
+            chars += len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments))
+        return chars
+
     def to_template(self) -> dict[str, Any]:
         """The message as chat templates expect it: string content, tool-call arguments as objects."""
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
@@ -116,6 +127,10 @@ class TemplateInput(_Lenient):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.to_template() for message in self.messages]
+
+    def template_input(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(`template_messages()`, `template_tools()`), what a call renders."""
+        return self.template_messages(), self.template_tools()
 
     @property
     def offers_tools(self) -> bool:

@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.conversations.index import ConversationIndex
-from proxy.conversations.text import ConversationKeys, SuffixError, message_key, render_suffix, tools_key
+from proxy.conversations.text import (
+    ConversationKeys,
+    MessageKey,
+    SuffixError,
+    message_key,
+    render_suffix,
+    tools_key,
+)
 from proxy.metrics import ProxyMetrics
-from proxy.tokenize import ChatTokenizer
+from proxy.tokenize import ChatTokenizer, template_chars
 
 logger = logging.getLogger(__name__)
 
@@ -55,21 +62,33 @@ class Prompter:
         self._drift_check_every = drift_check_every
 
     async def render(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+        *, in_thread: bool = False,
     ) -> ConversationPrompt:
-        """The prompt of a call with no history to chain onto (a one-off session)."""
-        return ConversationPrompt(await self.tokenizer.render_async(messages, tools, self._thread_chars))
+        """The prompt of a call with no history to chain onto (a one-off session); `in_thread`: a large
+        call's, rendered in a worker thread whatever its length (cache look-up included)."""
+        return ConversationPrompt(await self._render(messages, tools, in_thread))
+
+    async def _render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, in_thread: bool
+    ) -> list[int]:
+        if in_thread:
+            return await asyncio.to_thread(self.tokenizer.render, messages, tools)
+        return await self.tokenizer.render_async(messages, tools, self._thread_chars)
 
     async def prompt(
         self, session_id: str, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-        *, new: bool = False,
+        *, new: bool = False, in_thread: bool = False,
     ) -> ConversationPrompt:
         """The token-exact prompt for `messages` (chat-template form) and `tools` in the session (`new`:
         one being created for this call): chained onto the deepest earlier completion they extend, else
         rendered from scratch: a branch when it shares its first message with the session's
-        conversations (the client edited or dropped history), a new root otherwise."""
-        keys = [message_key(m) for m in messages]
-        tools_id = tools_key(tools)
+        conversations (the client edited or dropped history), a new root otherwise. `in_thread`: a large
+        call's, whose message keys and render (or suffix) are made in worker threads."""
+        if in_thread:
+            keys, tools_id = await asyncio.to_thread(_keys, messages, tools)
+        else:
+            keys, tools_id = _keys(messages, tools)
         tree, loaded = await self.index.tree(session_id, new=new)
         parent = tree.deepest_prefix(tools_id, keys)
         # New messages holding an assistant turn the tree never answered: maybe another proxy recorded it.
@@ -80,8 +99,13 @@ class Prompter:
             tree.note_foreign(keys[len(parent.path) if parent else 0:])
         if parent is not None:
             new_messages = list(messages[len(parent.path):])
+            output_ids = list(parent.output_ids)
             try:
-                suffix = render_suffix(self.tokenizer, list(parent.output_ids), new_messages, tools)
+                if in_thread or template_chars(new_messages, tools) > self._thread_chars:
+                    suffix = await asyncio.to_thread(render_suffix, self.tokenizer, output_ids, new_messages,
+                                                     tools)
+                else:
+                    suffix = render_suffix(self.tokenizer, output_ids, new_messages, tools)
             except SuffixError as exc:
                 logger.warning("session %s: cannot chain onto %s (%s); rendering afresh",
                                session_id, parent.id, exc)
@@ -94,7 +118,7 @@ class Prompter:
                 self._metrics.conversation_turns.labels("chained").inc()
                 return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False,
                                           (tuple(keys[len(parent.path):]), tools_id))
-        prompt = await self.tokenizer.render_async(messages, tools, self._thread_chars)
+        prompt = await self._render(messages, tools, in_thread)
         branched = parent is None and tree.is_branch(tools_id, keys)
         self._metrics.conversation_turns.labels("branched" if branched else "root").inc()
         if branched:
@@ -115,3 +139,10 @@ class Prompter:
         if scratch != prompt:
             self._metrics.conversation_drift.inc()
             logger.debug("session %s: chained prompt differs from a fresh render", session_id)
+
+
+def _keys(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> tuple[list[MessageKey], str | None]:
+    """The matching keys of a call's messages and of its tools."""
+    return [message_key(m) for m in messages], tools_key(tools)

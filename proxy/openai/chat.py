@@ -47,7 +47,7 @@ class ChatApi:
     async def plan(
         self, call: CallContext, body: ChatCompletionRequest, request_json: dict[str, Any]
     ) -> ChatCall:
-        messages, tools = body.template_messages(), body.template_tools()  # once: both steps read them
+        messages, tools = await call.prepare(body.template_input)  # once: both steps read them
         session = await call.conversation_session(messages, tools)
         conversation = await call.prompt(session, messages, tools)
         prompt_ids = conversation.prompt_ids

@@ -32,7 +32,7 @@ from proxy.openai.schemas import CompletionRequest, Prompt
 from proxy.openai.sse import DONE, sse
 from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
 from proxy.tokenize import ChatTokenizer
-from proxy.workers.plan import ChoiceResult, new_completion_ids, read_choice
+from proxy.workers.plan import ChoiceResult, context_length_error, new_completion_ids, read_choice
 from proxy.workers.resume_stream import ResumingStream
 
 TEXT_COMPLETION = "text_completion"
@@ -48,8 +48,13 @@ class CompletionsApi:
         self, call: CallContext, body: CompletionRequest, request_json: dict[str, Any]
     ) -> CompletionCall:
         tokenizer = call.services.tokenizer
-        thread_chars = call.services.config.tokenize_in_thread_chars
-        prompts = [await _tokenize(prompt, tokenizer, thread_chars) for prompt in body.prompts()]
+        batch = body.prompts()
+        # The batch in one worker thread once it is long enough to stall the event loop (text to encode,
+        # token ids to check and decode), however it is split into prompts.
+        if sum(len(prompt) for prompt in batch) > call.services.config.tokenize_in_thread_chars:
+            prompts = await asyncio.to_thread(_tokenize_all, batch, tokenizer)
+        else:
+            prompts = _tokenize_all(batch, tokenizer)
         session = call.new_session()
         n = body.choices
         ids = new_completion_ids(len(prompts) * n, prefix=COMPLETION_ID_PREFIX)
@@ -62,17 +67,21 @@ class CompletionsApi:
         return CompletionCall(session, parts, request_json, body.streaming, body, texts, tokenizer)
 
 
-async def _tokenize(prompt: Prompt, tokenizer: ChatTokenizer, thread_chars: int) -> tuple[list[int], str]:
-    """(prompt ids, prompt text) of one prompt; 400 for ids outside the vocabulary or an empty prompt."""
+def _tokenize_all(prompts: list[Prompt], tokenizer: ChatTokenizer) -> list[tuple[list[int], str]]:
+    return [_tokenize(prompt, tokenizer) for prompt in prompts]
+
+
+def _tokenize(prompt: Prompt, tokenizer: ChatTokenizer) -> tuple[list[int], str]:
+    """(prompt ids, prompt text) of one prompt; 400 for ids outside the vocabulary, a token-id prompt
+    that fills the context (before it is decoded) or an empty prompt."""
     if isinstance(prompt, str):
-        if len(prompt) > thread_chars:
-            prompt_ids = await asyncio.to_thread(tokenizer.encode_prompt, prompt)
-        else:
-            prompt_ids = tokenizer.encode_prompt(prompt)
+        prompt_ids = tokenizer.encode_prompt(prompt)
         if not prompt_ids:
             raise OpenAIError(400, "The prompt is empty: it has no tokens.", "invalid_request_error",
                               param="prompt")
         return prompt_ids, prompt
+    if len(prompt) >= tokenizer.context_length:
+        raise context_length_error(tokenizer.context_length, len(prompt), "prompt")
     vocab = tokenizer.vocab_size
     bad = next((token for token in prompt if not 0 <= token < vocab), None)
     if bad is not None:

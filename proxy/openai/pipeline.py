@@ -1,7 +1,7 @@
-"""The one call pipeline of the OpenAI surface. Every inference call, whichever API it speaks, goes
-decode → key → validate → session → prompt → plan → generate or stream → record → answer here, with
-one place for each decision: which session a call belongs to, when a one-off session is created and
-ended, how a failure is answered, what is recorded before the answer.
+"""The one call pipeline of the OpenAI surface. Every inference call, whichever API it speaks, goes key →
+limits → read and decode → validate → session → prompt → plan → generate or stream → record → answer
+here, with one place for each decision: which session a call belongs to, when a one-off session is
+created and ended, how a failure is answered, what is recorded before the answer.
 
 Each API (chat completions, legacy completions, the Responses API) is an `Api`: it turns a valid request
 into a `PlannedCall` ("request → plan"), and its `PlannedCall` turns results into the response object,
@@ -28,15 +28,21 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import msgspec
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from proxy.auth import Principal, require_principal
 from proxy.conversations.online import find_online_session
 from proxy.conversations.prompt import ConversationPrompt
 from proxy.errors import OpenAIError
-from proxy.openai.request_body import decoded_body, validated_body
+from proxy.openai.request_body import parsed_body
+from proxy.openai.schemas import CallBody
 from proxy.openai.sse import DONE, SSE_HEADERS, EventStreamResponse
-from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices, start_streams
+from proxy.openai.streaming import (
+    GenerationStream,
+    StreamBody,
+    StreamServices,
+    record_failed,
+    start_streams,
+)
 from proxy.parsers import OutputParser
 from proxy.recording.records import NO_CONVERSATION, completion_records
 from proxy.services import ProxyServices
@@ -49,7 +55,8 @@ from storage.records import CompletionRecord
 
 SESSION_HEADER = "x-flywheel-session-id"
 
-Body = TypeVar("Body", bound=BaseModel)
+Body = TypeVar("Body", bound=CallBody)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +91,17 @@ class Part:
 class CallContext:
     """What an API's planning step may use: the services, the caller, and the call's session."""
 
-    def __init__(self, services: ProxyServices, principal: Principal) -> None:
+    def __init__(self, services: ProxyServices, principal: Principal, large: bool = False) -> None:
         self.services = services
         self.principal = principal
+        self.large = large
+        """The body is larger than `proxy.parse_in_thread_bytes`: the call's work in proportion to its
+        prompt (the template's messages, message keys, rendering) runs in worker threads, leaving the
+        event loop to other calls."""
+
+    async def prepare(self, work: Callable[[], T]) -> T:
+        """`work()`, in a worker thread for a large call."""
+        return await asyncio.to_thread(work) if self.large else work()
 
     def new_session(self) -> CallSession:
         """The session of a call that extends no conversation: the session key's own, else a new one."""
@@ -118,8 +133,8 @@ class CallContext:
         """The call's prompt, chained in its session's conversation (a one-off session has none)."""
         prompter = self.services.prompter
         if session.one_off:
-            return await prompter.render(messages, tools)
-        return await prompter.prompt(session.id, messages, tools, new=session.is_new)
+            return await prompter.render(messages, tools, in_thread=self.large)
+        return await prompter.prompt(session.id, messages, tools, new=session.is_new, in_thread=self.large)
 
     def plan(
         self, body: SamplingRequest, prompt_ids: list[int], session: CallSession,
@@ -204,28 +219,49 @@ def endpoint(api: Api[Any]) -> Callable[[Request], Awaitable[Response]]:
 
 async def serve_call(request: Request, api: Api[Any]) -> Response:
     """Serve one inference call of `api` from its raw request."""
-    # Taken by hand (decoded once), in FastAPI's order: unparsable JSON, the key, then the body's fields.
-    request_json = await decoded_body(request)
+    # The key before the body is read (a bad key costs no read), then the body, decoded once, validated
+    # and held to the limits before any work is done for it.
     principal = await require_principal(request)
     services: ProxyServices = request.app.state.services
-    body = validated_body(request_json, api.body_model)
-    call = await api.plan(CallContext(services, principal), body, request_json)
+    limiter = services.limiter
+    limiter.admit(principal)  # 429 for a key over its rate or its tokens of the day, before any work
+
+    def count_tokens(tokens: int) -> None:
+        limiter.count(principal, tokens)
+
+    config = services.config
+    request_json, body, large = await parsed_body(request, api.body_model, config.limits,
+                                                  config.parse_in_thread_bytes)
+    services.database.check()  # new work waits for a database that is down: 503 with Retry-After
+    call = await api.plan(CallContext(services, principal, large), body, request_json)
     session = call.session
-    if session.is_new:
-        assert session.origin is not None
-        await create_hidden_session(services.session_factory, session.origin, session.owner, session.id)
-    end = _SessionEnd(services, session.id) if session.one_off else None
-    headers = {SESSION_HEADER: session.id}
-    if call.streaming:
-        return await _stream(services, call, end, headers)
+    calls = services.calls
+    calls.enter(session.id)  # from here until recorded, the session's end waits for this call
+    handed_over = False
     try:
-        return await _answer(services, call, headers)
+        if session.is_new:
+            assert session.origin is not None
+            await create_hidden_session(services.session_factory, session.origin, session.owner, session.id)
+        end = _SessionEnd(services, session.id) if session.one_off else None
+        headers = {SESSION_HEADER: session.id}
+        if call.streaming:
+            response = await _stream(services, call, end, headers, lambda: calls.leave(session.id),
+                                     count_tokens)
+            handed_over = True  # the streams leave once recorded
+            return response
+        try:
+            return await _answer(services, call, headers, count_tokens)
+        finally:
+            if end is not None:
+                await end()
     finally:
-        if end is not None:
-            await end()
+        if not handed_over:
+            calls.leave(session.id)
 
 
-async def _answer(services: ProxyServices, call: PlannedCall, headers: dict[str, str]) -> Response:
+async def _answer(
+    services: ProxyServices, call: PlannedCall, headers: dict[str, str], count_tokens: Callable[[int], None]
+) -> Response:
     """Generate every part, record every completion, then answer; 500 (and no answer) if the
     completions could not be recorded."""
     parts, balancer = call.parts, services.balancer
@@ -240,15 +276,14 @@ async def _answer(services: ProxyServices, call: PlannedCall, headers: dict[str,
     try:
         await services.recorder.record(records, keys, prompt_tokens)
     except Exception as exc:
-        raise OpenAIError(
-            500, "The completion could not be recorded, so it is not returned.", "server_error",
-            code="record_failed",
-        ) from exc
+        raise record_failed(exc, services.database.retry_after_s) from exc
+    count_tokens(prompt_tokens + sum(len(record.output_ids) for record in records))
     return Response(msgspec.json.encode(response), media_type="application/json", headers=headers)
 
 
 async def _stream(
-    services: ProxyServices, call: PlannedCall, end: _SessionEnd | None, headers: dict[str, str]
+    services: ProxyServices, call: PlannedCall, end: _SessionEnd | None, headers: dict[str, str],
+    on_finished: Callable[[], None], count_tokens: Callable[[int], None],
 ) -> Response:
     """Open one worker stream per part (if one cannot be opened, those already open are closed and the
     call fails as a whole), then answer with their events as they come."""
@@ -262,9 +297,9 @@ async def _stream(
         if end is not None:
             await end()
         raise
-    body = StreamBody(call.closing, end)
+    body = StreamBody(call.closing, end, on_finished)
     stream_services = StreamServices(services.recorder, services.metrics, services.tokenizer,
-                                     services.background.spawn)
+                                     services.background.spawn, services.database.retry_after_s, count_tokens)
     streams = [call.stream(stream_services, part, stream, first, body)
                for part, (stream, first) in zip(call.parts, opened, strict=True)]
     start_streams(streams)

@@ -21,6 +21,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from proxy.auth import Principal, require_principal
+from proxy.bodies import decoded_json, read_body
+from proxy.errors import OpenAIError
 from proxy.openai.routes import OWNER
 from proxy.services import ProxyServices, get_services
 
@@ -64,10 +66,12 @@ async def ollama_show(
     services: Annotated[ProxyServices, Depends(get_services)],
 ) -> JSONResponse:
     """Ollama's `POST /api/show` `{"model"|"name": ...}`; errors as Ollama words them (`{"error"}`)."""
+    limits = services.config.limits
     try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError:
-        return JSONResponse({"error": "invalid JSON in the request body"}, status_code=400)
+        raw = await read_body(request, limits.max_body_bytes)
+        body = decoded_json(raw, limits.max_json_depth) if raw.strip() else {}
+    except OpenAIError as exc:  # too large, not JSON: the same refusal, in Ollama's words
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
     name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         return JSONResponse({"error": "model is required"}, status_code=400)

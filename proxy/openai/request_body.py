@@ -1,41 +1,96 @@
-"""A JSON request body decoded once and validated, with the errors FastAPI's body parameters give (so
-the OpenAI-shaped 400s of proxy/errors.py are unchanged): hot routes take the raw `Request` instead of
-a body parameter, which spares FastAPI's dependency solving and a second JSON decode of the body.
-FastAPI's order is kept: a body that is not JSON is refused first, then the key is checked
-(the route's dependency), then the body is validated."""
+"""A call's JSON request body, read, decoded once, validated and measured against the limits, with the
+errors FastAPI's body parameters give (so the OpenAI-shaped 400s of proxy/errors.py are unchanged):
+hot routes take the raw `Request` instead of a body parameter, which spares FastAPI's dependency solving
+and a second JSON decode of the body.
+
+Unlike FastAPI, which reads the body before the route's dependencies run, the pipeline checks the key
+first, so a bad key is refused before a byte of the body is read (proxy/bodies.py reads it, under
+`proxy.limits.max_body_bytes`). A large body is decoded, checked and validated in a worker thread."""
 
 from __future__ import annotations
 
+import asyncio
 import email.message
 from typing import Any, Final, TypeVar
 
-import msgspec
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-Model = TypeVar("Model", bound=BaseModel)
+from proxy.bodies import decoded_json, read_body
+from proxy.config import LimitsConfig
+from proxy.errors import OpenAIError
+from proxy.openai.schemas import CallBody, CallSize
+
+Model = TypeVar("Model", bound=CallBody)
 NO_BODY: Final = object()
-"""`decoded_body` of an empty body (JSON `null` is None)."""
+"""`decoded_payload` of an empty body (JSON `null` is None)."""
 
 
-async def decoded_body(request: Request) -> Any:
-    """The body decoded as FastAPI reads it for a body parameter (before the route's dependencies run):
-    JSON for application/json or +json, else the raw bytes (which then fail validation); NO_BODY if empty.
-    RequestValidationError (json_invalid) for JSON that does not parse."""
-    raw = await request.body()
+async def parsed_body(
+    request: Request, model: type[Model], limits: LimitsConfig, thread_above_bytes: int
+) -> tuple[Any, Model, bool]:
+    """(the decoded payload, the body as `model`, whether it is large), its call size within `limits`;
+    read under the body limit and, when larger than `thread_above_bytes` (large), decoded and validated
+    in a worker thread: thousands of messages take long enough to delay every other request on the
+    event loop."""
+    raw = await read_body(request, limits.max_body_bytes)
+    content_type = request.headers.get("content-type")
+    if len(raw) > thread_above_bytes:
+        return (*await asyncio.to_thread(_parsed, raw, content_type, model, limits), True)
+    return (*_parsed(raw, content_type, model, limits), False)
+
+
+def _parsed(
+    raw: bytes, content_type: str | None, model: type[Model], limits: LimitsConfig
+) -> tuple[Any, Model]:
+    payload = decoded_payload(raw, content_type, limits.max_json_depth)
+    body = validated_body(payload, model)
+    check_call_size(body.call_size(), limits)
+    return payload, body
+
+
+def decoded_payload(raw: bytes, content_type: str | None, max_json_depth: int) -> Any:
+    """The body decoded as FastAPI reads it for a body parameter: JSON for application/json or +json
+    (400 if it does not parse, nests too deeply or holds a lone surrogate or a NUL: proxy/bodies.py), else the
+    raw bytes (which then fail validation); NO_BODY if empty."""
     if not raw:
         return NO_BODY
-    if not _is_json(request.headers.get("content-type")):
+    if not _is_json(content_type):
         return raw
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise RequestValidationError(
-            [{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error", "input": {},
-              "ctx": {"error": str(exc)}}],
-            body=raw,
-        ) from exc
+    return decoded_json(raw, max_json_depth)
+
+
+def check_call_size(size: CallSize, limits: LimitsConfig) -> None:
+    """400 naming the field when a valid body asks for more than `limits` allow (proxy/config.py)."""
+    if size.prompt_chars > limits.max_prompt_chars:
+        raise OpenAIError(
+            400, f"Invalid '{size.prompt_param}': too long. Expected at most {limits.max_prompt_chars} "
+            f"characters of text, but got {size.prompt_chars} instead.", "invalid_request_error",
+            param=size.prompt_param, code="prompt_too_long",
+        )
+    _at_most(size.n, limits.max_n, "n")
+    _at_most(size.top_logprobs, limits.max_top_logprobs, size.top_logprobs_param)
+    if size.prompts > limits.max_prompts:
+        raise OpenAIError(
+            400, f"Invalid '{size.prompt_param}': array too long. Expected at most {limits.max_prompts} "
+            f"prompts, but got {size.prompts} instead.", "invalid_request_error", param=size.prompt_param,
+            code="array_above_max_length",
+        )
+    choices = size.n * size.prompts
+    if choices > limits.max_choices:
+        raise OpenAIError(
+            400, f"This call asks for {choices} choices (n × prompts); at most {limits.max_choices} "
+            "are allowed in one call.", "invalid_request_error", param="n", code="too_many_choices",
+        )
+
+
+def _at_most(value: int, limit: int, param: str) -> None:
+    if value > limit:
+        raise OpenAIError(
+            400, f"Invalid '{param}': integer above maximum value. Expected a value <= {limit}, but got "
+            f"{value} instead.", "invalid_request_error", param=param, code="integer_above_max_value",
+        )
 
 
 def validated_body(payload: Any, model: type[Model]) -> Model:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from proxy.auth import Principal, require_principal
+from proxy.bodies import openapi_body
 from proxy.errors import OpenAIError
 from proxy.hot_routes import Endpoint
 from proxy.openai.chat import ChatApi
@@ -23,18 +24,23 @@ def hot_routes() -> dict[str, Endpoint]:
     """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): the inference POSTs, under
     /v1 and at the root, each an API on the one call pipeline (proxy/openai/pipeline.py), which takes the
     raw request (proxy/openai/request_body.py)."""
+    return {path: endpoint(api) for path, api in _hot_apis().items()}
+
+
+def _hot_apis() -> dict[str, Api[Any]]:
     apis: dict[str, Api[Any]] = {
         "chat/completions": ChatApi(), "completions": CompletionsApi(), "responses": ResponsesApi(),
     }
-    return {f"{prefix}/{name}": endpoint(api) for name, api in apis.items() for prefix in ("/v1", "")}
+    return {f"{prefix}/{name}": api for name, api in apis.items() for prefix in ("/v1", "")}
 
 
 def build_openai_router() -> APIRouter:
     router = APIRouter()
-    for path, create in hot_routes().items():
-        # POSTs never reach these (ProxyApp answers them first); they keep the path in the OpenAPI
-        # schema and answer other methods 405, as any route does.
-        router.add_api_route(path, create, methods=["POST"], include_in_schema=path.startswith("/v1"))
+    for path, api in _hot_apis().items():
+        # POSTs never reach these (ProxyApp answers them first); they keep the path, and its body's
+        # schema, in the OpenAPI document and answer other methods 405, as any route does.
+        router.add_api_route(path, endpoint(api), methods=["POST"], include_in_schema=path.startswith("/v1"),
+                             openapi_extra=openapi_body(api.body_model))
     for path in ("/v1/responses", "/responses"):
         documented = path.startswith("/v1")
         router.add_api_route(

@@ -1,10 +1,13 @@
 """The bodies of `POST /v1/chat/completions` and `POST /v1/completions` as agents send them. Unknown
 fields are ignored (OpenAI clients add new ones all the time); known fields with a wrong type or range
-are a 400 naming the field."""
+are a 400 naming the field. Every number is bounded by what the workers accept and the database stores
+(`top_k` is a 32-bit column, a seed 64 bits), so that a valid request cannot fail once it is generated;
+the configurable caps (`proxy.limits`) are checked on the valid body, from its `call_size`."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -17,41 +20,80 @@ from pydantic import (
 
 from proxy.conversations.messages import TemplateInput
 
-MAX_N = 128
-MAX_TOP_LOGPROBS = 20
+INT32_MAX = 2**31 - 1
+"""Bound of token counts, `n` and `top_k`: SGLang's integer fields and the 32-bit `completions.top_k`."""
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what SGLang's sampling_seed takes
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
+
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
+"""A `logit_bias` key: a token id as a decimal string (checked against the vocabulary when planned)."""
+Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
 
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+@dataclass(frozen=True, slots=True)
+class CallSize:
+    """What a valid body asks of the proxy, measured before any work is done for it (and checked against
+    `proxy.limits`)."""
+
+    prompt_chars: int
+    """Characters of text in its prompt(s), before tokenization."""
+    prompt_param: str
+    """The field that holds the prompt: `messages`, `prompt` or `input`."""
+    n: int = 1
+    """Choices per prompt."""
+    prompts: int = 1
+    top_logprobs: int = 0
+    top_logprobs_param: str = "top_logprobs"
+
+
+class CallBody(_Lenient):
+    """A request body of the call pipeline (proxy/openai/pipeline.py)."""
+
+    def call_size(self) -> CallSize:
+        """What the call asks for, checked against the limits before its work starts."""
+        raise NotImplementedError
+
+
 class StreamOptions(_Lenient):
     include_usage: bool | None = None
 
 
-class SamplingFields(_Lenient):
+class SamplingFields(CallBody):
     """The fields chat and legacy completions share: sampling, streaming, and the extensions vLLM and
     SGLang accept (`top_k`, `min_p`, `repetition_penalty`, `return_token_ids`), which clients send
     through `extra_body`."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: TokenCount | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, le=MAX_N)
+    n: int | None = Field(None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[TokenId, Bias] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     # extensions (extra_body)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    """-1 (or absent): the whole vocabulary; else at least 1, as SGLang takes it."""
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
     return_token_ids: bool | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_not_zero(cls, top_k: int | None) -> int | None:
+        if top_k == 0:
+            raise ValueError("top_k must be -1 (the whole vocabulary) or at least 1")
+        return top_k
 
     @field_validator("stop")
     @classmethod
@@ -82,9 +124,9 @@ class ChatCompletionRequest(SamplingFields, TemplateInput):
     """OpenAI's chat completion request (its messages and tools: `TemplateInput`), plus the shared
     extensions."""
 
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX)
     metadata: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
@@ -95,6 +137,10 @@ class ChatCompletionRequest(SamplingFields, TemplateInput):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def call_size(self) -> CallSize:
+        chars = sum(message.text_chars() for message in self.messages)
+        return CallSize(chars, "messages", n=self.choices, top_logprobs=self.top_logprobs or 0)
 
 
 LEGACY_MAX_LOGPROBS = 5  # OpenAI's limit for the legacy endpoint's integer `logprobs`
@@ -110,7 +156,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: int | None = Field(None, ge=0, le=LEGACY_MAX_LOGPROBS)
     echo: bool | None = None
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -150,3 +196,10 @@ class CompletionRequest(SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else LEGACY_DEFAULT_MAX_TOKENS
+
+    def call_size(self) -> CallSize:
+        """Text prompts count in characters; token-id prompts are bounded by the context length."""
+        prompts = self.prompts()
+        chars = sum(len(prompt) for prompt in prompts if isinstance(prompt, str))
+        return CallSize(chars, "prompt", n=self.choices, prompts=len(prompts),
+                        top_logprobs=self.logprobs or 0, top_logprobs_param="logprobs")

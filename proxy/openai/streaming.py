@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.conversations.prompt import ConversationPrompt
-from proxy.errors import OpenAIError, error_body
+from proxy.errors import OpenAIError, error_body, unavailable_error
 from proxy.metrics import ProxyMetrics
 from proxy.openai.sse import sse
 from proxy.recording.indexing import IndexingRecorder
@@ -33,6 +33,7 @@ from proxy.tokenize import ChatTokenizer
 from proxy.workers.plan import ChoiceResult, GenerationPlan, read_choice, worker_error
 from proxy.workers.resume_stream import ResumingStream
 from serving.errors import WorkerError
+from storage.errors import is_session_finalized, is_unavailable
 from storage.records import CompletionRecord
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,23 @@ class StreamServices:
     metrics: ProxyMetrics
     tokenizer: ChatTokenizer
     spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]
+    retry_after_s: float
+    """The Retry-After of a record that failed because the database is down."""
+    count_tokens: Callable[[int], None]
+    """Counts the tokens a recorded generation served against its caller's key (its daily quota)."""
+
+
+def record_failed(exc: BaseException, retry_after_s: float) -> OpenAIError:
+    """The error of a call whose completions could not be recorded (so it is not answered as complete):
+    503 with Retry-After when the database was down throughout the recorder's retries, else 500."""
+    if is_unavailable(exc):
+        return unavailable_error(retry_after_s)
+    if is_session_finalized(exc):
+        return OpenAIError(409, "The session was finalized before this call could be recorded, so it is "
+                           "not returned (it would not be trained on).", "conflict_error",
+                           code="session_finalized")
+    return OpenAIError(500, "The completion could not be recorded, so it is not returned.", "server_error",
+                       code="record_failed")
 
 
 class ChoiceStream:
@@ -100,23 +118,33 @@ class ChoiceStream:
 class StreamBody:
     """The response body of one streamed call. Its streams put events in one queue (and None when
     done); after the last of them ended normally come the `closing` events (usage, `data: [DONE]`);
-    `on_recorded` runs after the last stream recorded (an admin call's one-off session then ends)."""
+    `on_recorded` runs after the last stream recorded (an admin call's one-off session then ends), and
+    `on_finished` once every stream's task is done (the call no longer holds its session's end)."""
 
     def __init__(
         self, closing: Callable[[list[Ended]], list[bytes]],
         on_recorded: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        on_finished: Callable[[], None] | None = None,
     ) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.streams: list[GenerationStream] = []
         self._closing = closing
         self._on_recorded = on_recorded
+        self._on_finished = on_finished
         self._recorded = 0
+        self._finished = 0
         self._ended: list[Ended] = []
 
     async def recorded(self) -> None:
         self._recorded += 1
         if self._recorded == len(self.streams) and self._on_recorded is not None:
             await self._on_recorded()
+
+    def finished(self) -> None:
+        """One stream's task is done (recorded, or failed); after the last, `on_finished`."""
+        self._finished += 1
+        if self._finished == len(self.streams) and self._on_finished is not None:
+            self._on_finished()
 
     def ended(self, first_index: int, results: list[ChoiceResult]) -> None:
         """One stream ended normally; after the last, the closing events."""
@@ -254,6 +282,7 @@ class GenerationStream:
         finally:
             await self._stream.aclose()  # ends the worker lease (closing it again is harmless)
             self._queue.put_nowait(None)
+            self._body.finished()
 
     async def _read(self) -> None:
         async with contextlib.aclosing(self._stream):
@@ -289,9 +318,10 @@ class GenerationStream:
         try:
             await self.services.recorder.record(records, self.conversation.keys, len(self.plan.prompt_ids))
         except Exception as exc:
-            self._fail(OpenAIError(500, "The completion could not be recorded.", "server_error",
-                                   code="record_failed"), exc)
+            # An error event instead of the stream's end: no client reports it as a completed answer.
+            self._fail(record_failed(exc, self.services.retry_after_s), exc)
             return False
+        self.services.count_tokens(len(self.plan.prompt_ids) + sum(len(r.output_ids) for r in results))
         await self._body.recorded()
         return True
 

@@ -4,7 +4,7 @@ token metrics count it (the one place that counts what was served)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from proxy.conversations.index import ConversationIndex
 from proxy.conversations.text import ConversationKeys
@@ -18,9 +18,11 @@ class IndexingRecorder(Recorder):
     """The completion recorder that tells the conversation index about every completion it wrote."""
 
     def __init__(
-        self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics, index: ConversationIndex
+        self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics,
+        index: ConversationIndex, retry_s: float = 0.0,
+        on_unavailable: Callable[[BaseException], object] | None = None,
     ) -> None:
-        super().__init__(session_factory, batch_max, metrics)
+        super().__init__(session_factory, batch_max, metrics, retry_s, on_unavailable)
         self.index = index
 
     async def record(

@@ -7,6 +7,11 @@ one commit per request. Each transaction is written the cheapest way its databas
 (storage/writer.py: one thread hop per transaction on SQLite). If a batch fails, its entries are
 retried one by one, so one bad entry fails only its own caller. A caller gets the exception of its
 own failed write.
+
+A database that is down (storage/errors.py `is_unavailable`) is waited out: the batch is written again,
+backing off, for up to `retry_s`, while `on_unavailable` tells the proxy to refuse new work; callers
+wait meanwhile, so no answer is released before it is recorded. A write whose connection was lost after
+the server committed it is found on the retry (its ids exist) and counts as written.
 """
 
 from __future__ import annotations
@@ -14,15 +19,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from sqlalchemy import select
 
 from proxy.metrics import ProxyMetrics
 from storage.engine import SessionFactory
+from storage.errors import is_duplicate, is_unavailable
+from storage.models import Completion
 from storage.records import CompletionRecord
 from storage.writer import completion_writer
 
 logger = logging.getLogger(__name__)
+
+
+_FIRST_BACKOFF_S = 0.1
+_MAX_BACKOFF_S = 2.0
 
 
 class RecorderClosed(RuntimeError):
@@ -38,11 +51,16 @@ class _Pending:
 class Recorder:
     """Batches completion writes; `start()` inside the running loop, `stop()` drains and ends it."""
 
-    def __init__(self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, session_factory: SessionFactory, batch_max: int, metrics: ProxyMetrics, retry_s: float = 0.0,
+        on_unavailable: Callable[[BaseException], object] | None = None,
+    ) -> None:
         self._session_factory = session_factory
         self._writer = completion_writer(session_factory)
         self._batch_max = batch_max
         self._metrics = metrics
+        self._retry_s = retry_s
+        self._on_unavailable = on_unavailable
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -97,10 +115,11 @@ class Recorder:
         records = [record for pending in batch for record in pending.records]
         started = time.perf_counter()
         try:
-            await self._writer.write(records)
+            await self._write_through_outage(records)
         except Exception as exc:
-            if len(batch) == 1:
-                self._fail(batch[0], exc)
+            if len(batch) == 1 or is_unavailable(exc):
+                for pending in batch:
+                    self._fail(pending, exc)
                 return
             logger.warning("group commit of %d completions failed (%s); writing them one by one",
                            len(records), exc)
@@ -112,6 +131,34 @@ class Recorder:
         for pending in batch:
             if not pending.done.done():
                 pending.done.set_result(None)
+
+    async def _write_through_outage(self, records: list[CompletionRecord]) -> None:
+        """Write `records`; while the database is unavailable, again and again for up to `retry_s`."""
+        deadline: float | None = None
+        delay = _FIRST_BACKOFF_S
+        while True:
+            try:
+                await self._writer.write(records)
+                return
+            except Exception as exc:
+                # After a lost connection the server may have committed the write: then it is done.
+                if deadline is not None and is_duplicate(exc) and await self._all_written(records):
+                    return
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self._retry_s
+                if not is_unavailable(exc) or now >= deadline:
+                    raise
+                if self._on_unavailable is not None:
+                    self._on_unavailable(exc)
+                logger.warning("recording %d completion(s) waits for the database: %s", len(records), exc)
+                await asyncio.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    async def _all_written(self, records: list[CompletionRecord]) -> bool:
+        ids = [record.id for record in records]
+        async with self._session_factory() as db:
+            found = set((await db.execute(select(Completion.id).where(Completion.id.in_(ids)))).scalars())
+        return found == set(ids)
 
     def _fail(self, pending: _Pending, exc: Exception) -> None:
         ids = ", ".join(record.id for record in pending.records)

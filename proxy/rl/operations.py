@@ -4,7 +4,6 @@ anything is written."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -13,11 +12,14 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import func, select, update
 
-from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key
+from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, may_act_on
+from proxy.bodies import body_too_large, decoded_json, json_size, read_body
+from proxy.config import LimitsConfig
 from proxy.errors import OpenAIError, describe_validation_errors
 from proxy.rl.schemas import (
     CompletionSummary,
     EndSessionResponse,
+    KeyView,
     RewardResponse,
     RewardSummary,
     SessionView,
@@ -25,15 +27,14 @@ from proxy.rl.schemas import (
 from proxy.services import ProxyServices
 from proxy.sessions import new_group_id, new_session_id
 from rewards.snapshot import load_session_snapshot
-from storage.engine import SessionFactory, write_transaction
+from storage.engine import SessionFactory, affected_rows, write_transaction
+from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
 from storage.queries import (
     add_reward,
     create_group,
     create_session,
     end_session,
-    hash_api_key,
-    session_owner,
 )
 from storage.records import CompletionRecord, GroupRecord, SessionRecord
 
@@ -42,33 +43,49 @@ logger = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 
 
+FREE_JSON_FIELDS = ("task", "task_id", "metadata", "details")
+"""Fields of RL bodies that take any JSON and are stored as it is: bounded by
+`proxy.limits.max_rl_json_bytes`."""
+
+
 async def parse_body(request: Request, model: type[Body]) -> Body:
-    """The JSON body as `model`: 400 if it is not JSON, 422 if it is JSON with a wrong value. Python's
-    parser reads the NaN/Infinity literals many clients send, so they reach validation as a 422."""
-    raw = await request.body()
+    """The JSON body as `model`, read under the body limit (proxy/bodies.py; the route's key was checked
+    first): 413 past the limit, 400 if it is not JSON (or nests too deeply, or holds a lone surrogate or
+    a NUL), 422 if it is JSON with a wrong value, 413 for a free-form field (`FREE_JSON_FIELDS`) larger
+    than `proxy.limits.max_rl_json_bytes`. Python's parser reads the NaN/Infinity literals many clients
+    send, so they reach validation as a 422."""
+    limits: LimitsConfig = request.app.state.services.config.limits
+    raw = await read_body(request, limits.max_body_bytes)
+    data: Any = decoded_json(raw, limits.max_json_depth, non_finite=True) if raw.strip() else {}
     try:
-        data: Any = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise OpenAIError(
-            400, "We could not parse the JSON body of your request.", "invalid_request_error",
-            code="invalid_json",
-        ) from None
-    try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
         message, param, code = describe_validation_errors(exc.errors())
         raise OpenAIError(422, message, "invalid_request_error", param=param, code=code) from None
+    for name in FREE_JSON_FIELDS:
+        if name in type(body).model_fields:
+            _check_free_json(name, getattr(body, name), limits.max_rl_json_bytes)
+    return body
+
+
+def _check_free_json(name: str, value: Any, max_bytes: int) -> None:
+    """422 for NaN or an infinity (not JSON, so not storable), 413 past `max_bytes`."""
+    try:
+        size = json_size(value)
+    except ValueError:
+        raise OpenAIError(
+            422, f"Invalid value for '{name}': NaN and infinities are not JSON.", "invalid_request_error",
+            param=name, code="invalid_value",
+        ) from None
+    if size > max_bytes:
+        raise body_too_large(max_bytes, param=name, what=f"'{name}'")
 
 
 async def check_may_act(
     services: ProxyServices, principal: Principal, session_id: str, what: str = "session"
 ) -> None:
-    if principal.may_act_on(session_id):
+    if await may_act_on(services.session_factory, principal, session_id):
         return
-    if principal.key_hash is not None and principal.key_hash == await session_owner(
-        services.session_factory, session_id
-    ):
-        return  # an online key acts on the sessions its calls made
     raise OpenAIError(
         403, f"This API key may not act on that {what}: a session key acts only on its own session.",
         "permission_error", code="wrong_session",
@@ -87,7 +104,7 @@ async def start_session(
     409 for a full one."""
     session_id, key = new_session_id(), api_key or generate_api_key(SESSION_KEY_PREFIX)
     record = SessionRecord(
-        id=session_id, key_hash=hash_api_key(key), group_id=group_id, task=task, metadata=metadata
+        id=session_id, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task, metadata=metadata
     )
     try:
         await create_session(services.session_factory, record)
@@ -104,7 +121,7 @@ async def start_group(services: ProxyServices, *, size: int, task: Any) -> tuple
     group_id = new_group_id()
     members = [(new_session_id(), generate_api_key(SESSION_KEY_PREFIX)) for _ in range(size)]
     records = [
-        SessionRecord(id=sid, key_hash=hash_api_key(key), group_id=group_id, task=task)
+        SessionRecord(id=sid, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task)
         for sid, key in members
     ]
     await create_group(services.session_factory, GroupRecord(id=group_id, size=size, task=task), records)
@@ -251,27 +268,68 @@ async def completion_count(session_factory: SessionFactory, session_id: str) -> 
     return int(count or 0)
 
 
-async def key_owner(session_factory: SessionFactory, api_key: str) -> tuple[str, str | None] | None:
-    """(scope, session_id) of a stored key, revoked or not; None if it was never issued."""
-    async with session_factory() as db:
-        row = (
-            await db.execute(
-                select(ApiKey.scope, ApiKey.session_id).where(ApiKey.key_hash == hash_api_key(api_key))
-            )
-        ).one_or_none()
-    return None if row is None else (row.scope, row.session_id)
+async def stored_key(services: ProxyServices, api_key: str) -> FoundKey | None:
+    """A stored key by its plaintext, revoked or not; None if it was never issued."""
+    return await find_key(services.session_factory, services.key_hasher, api_key, include_revoked=True)
 
 
-async def rebind_key(services: ProxyServices, api_key: str, *, task: Any) -> str:
-    """A new session that takes over an existing session key (AReaL's key reuse); returns its id."""
+async def rebind_key(services: ProxyServices, key: FoundKey, *, task: Any) -> str:
+    """A new session that takes over an existing, unrevoked session key (AReaL's key reuse); returns its
+    id. A revoked key stays revoked: the update matches only an unrevoked row."""
     session_id = new_session_id()
     async with write_transaction(services.session_factory) as db:
         db.add(Session(id=session_id, task=task, metadata_={}))
         await db.flush()
-        await db.execute(
+        rebound = await db.execute(
             update(ApiKey)
-            .where(ApiKey.key_hash == hash_api_key(api_key), ApiKey.scope == KeyScope.SESSION.value)
-            .values(session_id=session_id, revoked_at=None)
+            .where(ApiKey.id == key.id, ApiKey.scope == KeyScope.SESSION.value, ApiKey.revoked_at.is_(None))
+            .values(session_id=session_id)
         )
+        if affected_rows(rebound) != 1:  # revoked meanwhile: the new session is rolled back with it
+            raise revoked_key_error()
     logger.info("session %s started on a reused key", session_id)
     return session_id
+
+
+def revoked_key_error() -> OpenAIError:
+    return OpenAIError(
+        409, "That api_key was revoked; it cannot start a session again. Choose a new one.", "conflict_error",
+        param="api_key", code="key_revoked",
+    )
+
+
+MIN_CLIENT_KEY_CHARS = 32
+MIN_CLIENT_KEY_DISTINCT = 8
+
+
+def check_client_key(api_key: str) -> None:
+    """A key the client chose (AReaL's `start_session {api_key}`) must be as hard to guess as those we
+    make: at least MIN_CLIENT_KEY_CHARS characters, of at least MIN_CLIENT_KEY_DISTINCT distinct ones.
+    Eight, not more: random keys over hex (`openssl rand -hex 16`, uuid4) show about 14 distinct
+    characters in 32 and often fewer than 16, while fewer than 8 happens to about one in 30 million;
+    repeated or few-symbol strings fall below it. 400 otherwise, before anything is looked up."""
+    if len(api_key) >= MIN_CLIENT_KEY_CHARS and len(set(api_key)) >= MIN_CLIENT_KEY_DISTINCT:
+        return
+    raise OpenAIError(
+        400, f"A client-chosen api_key must be at least {MIN_CLIENT_KEY_CHARS} characters long and use at "
+        f"least {MIN_CLIENT_KEY_DISTINCT} distinct characters: make it at random (e.g. `openssl rand -hex "
+        "32`), or leave it out and use the key this route returns.",
+        "invalid_request_error", param="api_key", code="weak_api_key",
+    )
+
+
+def key_view(info: KeyInfo) -> KeyView:
+    revoked_at = None if info.revoked_at is None else info.revoked_at.isoformat()
+    return KeyView(id=info.id, kind=info.scope, created_at=info.created_at.isoformat(), revoked_at=revoked_at,
+                   session_id=info.session_id)
+
+
+async def revoke(services: ProxyServices, key_id: int) -> KeyView:
+    """Revoke a key (idempotent); 404 for an unknown id, 409 for the last unrevoked admin key."""
+    try:
+        info = await revoke_key(services.session_factory, key_id)
+    except LookupError:
+        raise _not_found("key", str(key_id)) from None
+    except LastAdminKeyError as exc:
+        raise OpenAIError(409, f"{exc}.", "conflict_error", code="last_admin_key") from None
+    return key_view(info)

@@ -1,19 +1,20 @@
 """The RL control API (docs/architecture.md, "Wire protocols") and AReaL's compatible /rl routes.
 
 /rl/v1: admin keys create sessions and groups; a session key rewards, ends and reads only its own
-session (an ended session's key still works here, not for inference); an admin key does anything.
-Bodies are JSON; a body that is not JSON is a 400, a wrong value (a non-numeric, NaN or infinite reward)
-a 422, and no refusal writes anything.
+session (an ended session's key still works here, not for inference); an admin key does anything,
+including listing and revoking keys (`/rl/v1/keys`). Bodies are JSON; a body that is not JSON is a
+400, a wrong value (a non-numeric, NaN or infinite reward) a 422, and no refusal writes anything.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from proxy.auth import Principal, require_admin, require_key
+from proxy.bodies import openapi_body
 from proxy.errors import OpenAIError
 from proxy.rl import operations as ops
 from proxy.rl.schemas import (
@@ -30,6 +31,8 @@ from proxy.rl.schemas import (
     CreateSessionResponse,
     EndSessionResponse,
     GroupSession,
+    KeyList,
+    KeyView,
     PolicyView,
     RewardRequest,
     RewardResponse,
@@ -37,6 +40,7 @@ from proxy.rl.schemas import (
 )
 from proxy.services import ProxyServices, get_services
 from storage.claims import latest_policy_version
+from storage.keys import list_keys
 from storage.models import KeyScope, SessionStatus
 
 logger = logging.getLogger(__name__)
@@ -45,19 +49,30 @@ Services = Annotated[ProxyServices, Depends(get_services)]
 Admin = Annotated[Principal, Depends(require_admin)]
 Caller = Annotated[Principal, Depends(require_key)]
 
+MAX_KEYS_LISTED = 1000
+
 
 def build_rl_router() -> APIRouter:
     """The /rl/v1 routes and AReaL's /rl aliases."""
     router = APIRouter()
-    router.add_api_route("/rl/v1/sessions", create_session, methods=["POST"], status_code=201)
-    router.add_api_route("/rl/v1/groups", create_group, methods=["POST"], status_code=201)
+    # Routes that read their body by hand (`ops.parse_body`, after the key) declare it for the document.
+    router.add_api_route("/rl/v1/sessions", create_session, methods=["POST"], status_code=201,
+                         openapi_extra=openapi_body(CreateSessionRequest, required=False))
+    router.add_api_route("/rl/v1/groups", create_group, methods=["POST"], status_code=201,
+                         openapi_extra=openapi_body(CreateGroupRequest))
     router.add_api_route("/rl/v1/sessions/{session_id}", get_session, methods=["GET"])
-    router.add_api_route("/rl/v1/sessions/{session_id}/reward", reward_session, methods=["POST"])
-    router.add_api_route("/rl/v1/completions/{completion_id}/reward", reward_completion, methods=["POST"])
+    router.add_api_route("/rl/v1/sessions/{session_id}/reward", reward_session, methods=["POST"],
+                         openapi_extra=openapi_body(RewardRequest))
+    router.add_api_route("/rl/v1/completions/{completion_id}/reward", reward_completion, methods=["POST"],
+                         openapi_extra=openapi_body(RewardRequest))
     router.add_api_route("/rl/v1/sessions/{session_id}/end", end_session, methods=["POST"])
     router.add_api_route("/rl/v1/policy", get_policy, methods=["GET"])
-    router.add_api_route("/rl/start_session", areal_start_session, methods=["POST"], response_model=None)
-    router.add_api_route("/rl/set_reward", areal_set_reward, methods=["POST"])
+    router.add_api_route("/rl/v1/keys", list_api_keys, methods=["GET"])
+    router.add_api_route("/rl/v1/keys/{key_id}/revoke", revoke_api_key, methods=["POST"])
+    router.add_api_route("/rl/start_session", areal_start_session, methods=["POST"], response_model=None,
+                         openapi_extra=openapi_body(ArealStartSessionRequest, required=False))
+    router.add_api_route("/rl/set_reward", areal_set_reward, methods=["POST"],
+                         openapi_extra=openapi_body(ArealSetRewardRequest))
     router.add_api_route("/rl/end_session", areal_end_session, methods=["POST"])
     return router
 
@@ -120,6 +135,28 @@ async def end_session(session_id: str, caller: Caller, services: Services) -> En
     return await ops.end(services, caller, session_id)
 
 
+async def list_api_keys(
+    _admin: Admin, services: Services,
+    kind: Annotated[Literal["admin", "online", "session"] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_KEYS_LISTED)] = 100,
+) -> KeyList:
+    """Stored keys, newest first (`kind` only, when given): id, kind, creation, revocation and session,
+    never a key or its hash."""
+    keys = await list_keys(services.session_factory, scope=kind, limit=limit + 1)
+    return KeyList(data=[ops.key_view(info) for info in keys[:limit]], has_more=len(keys) > limit)
+
+
+async def revoke_api_key(key_id: str, _admin: Admin, services: Services) -> KeyView:
+    """Revoke a key by its id (from `GET /rl/v1/keys`); idempotent, 404 for an unknown id. It takes
+    effect at once on this proxy (a successful RL POST clears its key cache) and within
+    `proxy.key_cache_ttl_s` on every other proxy of the database, which may still hold the key as
+    checked; a call already running finishes. The last unrevoked admin key cannot be revoked (409), so
+    an admin key never revokes the API's administration away; create another one first."""
+    if not (key_id.isascii() and key_id.isdigit()) or len(key_id) > 18:  # ids are positive 64-bit integers
+        raise OpenAIError(404, f"No key {key_id!r}.", "invalid_request_error", code="key_not_found")
+    return await ops.revoke(services, int(key_id))
+
+
 # AReaL's proxy API: thin over the same operations.
 
 
@@ -136,7 +173,8 @@ async def areal_start_session(
     request: Request, response: Response, _admin: Admin, services: Services
 ) -> ArealStartSessionResponse | ArealStartGroupResponse:
     """`{task_id, api_key?}` → `{session_id, api_key}`; v2 `{group_size}` → 201 `{group_id, sessions}`.
-    A reused key whose session is still active ends and finalizes that session first."""
+    A client-chosen key must be long and varied enough (`ops.check_client_key`, else 400). A reused key
+    whose session is still active ends and finalizes that session first; a revoked one is a 409."""
     body = await ops.parse_body(request, ArealStartSessionRequest)
     if body.group_size is not None:
         group_id, members = await ops.start_group(services, size=body.group_size, task=body.task_id)
@@ -148,20 +186,24 @@ async def areal_start_session(
     if body.api_key is None:
         session_id, api_key = await ops.start_session(services, task=body.task_id, group_id=None, metadata={})
         return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
-    owner = await ops.key_owner(services.session_factory, body.api_key)
+    ops.check_client_key(body.api_key)
+    owner = await ops.stored_key(services, body.api_key)
     if owner is None:
         session_id, api_key = await ops.start_session(
             services, task=body.task_id, group_id=None, metadata={}, api_key=body.api_key
         )
         return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
-    scope, old_session = owner
-    if scope != KeyScope.SESSION.value or old_session is None:
+    old_session = owner.session_id
+    if owner.scope != KeyScope.SESSION.value or old_session is None:
         raise OpenAIError(
-            400, "Cannot use an admin API key as a session key.", "invalid_request_error", param="api_key"
+            400, "Cannot use an admin or online API key as a session key.", "invalid_request_error",
+            param="api_key",
         )
+    if owner.revoked:
+        raise ops.revoked_key_error()
     if await ops.session_status(services.session_factory, old_session) != SessionStatus.FINALIZED.value:
         await ops.end_and_finalize(services, old_session)  # before its key moves on
-    session_id = await ops.rebind_key(services, body.api_key, task=body.task_id)
+    session_id = await ops.rebind_key(services, owner, task=body.task_id)
     return ArealStartSessionResponse(session_id=session_id, api_key=body.api_key)
 
 

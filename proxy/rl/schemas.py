@@ -156,3 +156,24 @@ class PolicyView(BaseModel):
     """`GET /rl/v1/policy`: the newest policy version (0 before the first training step)."""
 
     policy_version: int
+
+
+class KeyView(BaseModel):
+    """A stored API key as `GET /rl/v1/keys` and its revoke route show it: never the key or its hash."""
+
+    id: int
+    kind: str
+    """"admin", "online" or "session"."""
+    created_at: str
+    revoked_at: str | None
+    session_id: str | None
+    """The session of a session key."""
+
+
+class KeyList(BaseModel):
+    """`GET /rl/v1/keys`: keys, newest first."""
+
+    object: str = "list"
+    data: list[KeyView]
+    has_more: bool
+    """More keys match than `limit` returned."""

@@ -4,6 +4,7 @@ per-token policy versions, finish reason), with the client-facing errors of work
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ DEFAULT_TOP_P = 1.0
 NO_TOP_K = -1
 _MIN_TOP_P = 1e-6  # SGLang requires top_p > 0; top_p = 0 means "only the top token"
 PLAIN_TEXT = OutputParser(tools=None)  # the whole text is the message content
+_IDS = random.Random()
+"""The completion ids' own PRNG: the `random` module's is shared with everything in the process, and
+whatever seeds it (a library, a test framework generating examples) would make ids repeat."""
+os.register_at_fork(after_in_child=_IDS.seed)
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -102,9 +107,9 @@ class SamplingRequest(Protocol):
 
 def new_completion_ids(n: int, prefix: str = "chatcmpl") -> tuple[str, ...]:
     """`<prefix>-<hex>` for choice 0 (the response's id); `<that>-<i>` for the others."""
-    # Ids must be unique, not unguessable (a session's key guards its completions): 96 bits of the
+    # Ids must be unique, not unguessable (a session's key guards its completions): 96 bits of a
     # urandom-seeded PRNG (reseeded on fork) instead of an os.urandom syscall per request.
-    base = f"{prefix}-{random.getrandbits(96):024x}"
+    base = f"{prefix}-{_IDS.getrandbits(96):024x}"
     return (base, *(f"{base}-{i}" for i in range(1, n)))
 
 
@@ -118,13 +123,8 @@ def plan_generation(
     too-long prompt came from."""
     room = tokenizer.context_length - len(prompt_ids)
     if room < 1:
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {tokenizer.context_length} tokens. However, your "
-            f"{prompt_param} resulted in {len(prompt_ids)} tokens. Please reduce the length of the "
-            f"{prompt_param}.",
-            "invalid_request_error", param=prompt_param, code="context_length_exceeded",
-        )
+        raise context_length_error(tokenizer.context_length, len(prompt_ids), prompt_param)
+    check_logit_bias(body.logit_bias, tokenizer.vocab_size)
     requested = body.requested_max_tokens()
     # A max_tokens beyond the room left is lowered to fit, as agents ask for more than small models have.
     max_new_tokens = min(requested if requested is not None else default_max_tokens, room)
@@ -166,6 +166,27 @@ def plan_generation(
         top_k=top_k,
         output=output or PLAIN_TEXT,
     )
+
+
+def context_length_error(context_length: int, prompt_tokens: int, prompt_param: str) -> OpenAIError:
+    """The 400 of a prompt that leaves no room in the context for output."""
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, your "
+        f"{prompt_param} resulted in {prompt_tokens} tokens. Please reduce the length of the "
+        f"{prompt_param}.",
+        "invalid_request_error", param=prompt_param, code="context_length_exceeded",
+    )
+
+
+def check_logit_bias(logit_bias: dict[str, float] | None, vocab_size: int) -> None:
+    """400 for a `logit_bias` key that is no token id of the vocabulary (the worker would refuse it)."""
+    for key in logit_bias or ():
+        if int(key) >= vocab_size:
+            raise OpenAIError(
+                400, f"Invalid 'logit_bias': token id {key} is outside the vocabulary [0, {vocab_size}).",
+                "invalid_request_error", param="logit_bias", code="invalid_value",
+            )
 
 
 def read_choice(output: dict[str, Any], index: int, *, final: bool) -> ChoiceResult:

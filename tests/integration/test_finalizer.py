@@ -21,11 +21,10 @@ from storage.queries import (
     create_group,
     create_session,
     end_session,
-    hash_api_key,
     record_completions,
 )
 from storage.records import CompletionRecord, GroupRecord, SessionRecord
-from tests.support.databases import run_outside_loop
+from tests.support.databases import key_hash, run_outside_loop
 
 _ids = itertools.count()
 
@@ -53,7 +52,7 @@ def _completion(
 
 async def _session(session_factory: SessionFactory, group_id: str | None = None) -> str:
     sid = f"sess-{next(_ids)}"
-    record = SessionRecord(id=sid, key_hash=hash_api_key(sid), group_id=group_id)
+    record = SessionRecord(id=sid, key_hash=key_hash(sid), group_id=group_id)
     await create_session(session_factory, record)
     return sid
 
@@ -178,7 +177,7 @@ async def test_missing_reward_policy(
 
 async def test_a_session_may_ask_to_be_dropped_when_unrewarded(session_factory: SessionFactory) -> None:
     sid = "sess-says-drop"
-    record = SessionRecord(id=sid, key_hash=hash_api_key(sid), metadata={"missing_reward": "drop"})
+    record = SessionRecord(id=sid, key_hash=key_hash(sid), metadata={"missing_reward": "drop"})
     await create_session(session_factory, record)
     await _three_turns(session_factory, sid)
     await end_session(session_factory, sid)
@@ -245,7 +244,7 @@ async def test_scheduled_finalizations_are_awaitable(session_factory: SessionFac
     await create_group(
         session_factory,
         GroupRecord(id=gid, size=3),
-        [SessionRecord(id=s, key_hash=hash_api_key(s), group_id=gid) for s in sids],
+        [SessionRecord(id=s, key_hash=key_hash(s), group_id=gid) for s in sids],
     )
     for sid in sids:
         await record_completions(session_factory, [_completion(sid, [1, 2], [3, 4])])
@@ -302,7 +301,7 @@ async def test_an_online_session_expires_when_idle_not_when_old(session_factory:
     long_ago = datetime.now(UTC) - timedelta(hours=2)
     talking, idle = f"sess-{next(_ids)}", f"sess-{next(_ids)}"
     for sid in (talking, idle):
-        record = SessionRecord(id=sid, key_hash=hash_api_key(sid), owner_key_hash=hash_api_key("online"))
+        record = SessionRecord(id=sid, key_hash=key_hash(sid), owner_key_hash=key_hash("online"))
         await create_session(session_factory, record)
         await _age(session_factory, sid, created_at=long_ago)
     await record_completions(session_factory, [_completion(talking, [1], [2])])  # a call just now

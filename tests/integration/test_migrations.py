@@ -26,6 +26,7 @@ TABLES = {
     "trajectories",
     "policy_versions",
     "train_steps",
+    "key_usage",
 }
 
 

@@ -205,16 +205,17 @@ def test_bad_bodies_are_400_and_write_nothing(proxy: Proxy, body: dict[str, Any]
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/responses"])
-def test_bad_requests_are_refused_in_fastapis_order(proxy: Proxy, path: str) -> None:
-    """The inference routes take their raw request (proxy/hot_routes.py): they refuse as FastAPI's body
-    parameters did: unparsable JSON first, then a bad key, then the body's fields."""
+def test_bad_requests_are_refused_key_first(proxy: Proxy, path: str) -> None:
+    """The inference routes take their raw request (proxy/hot_routes.py) and check the key before they
+    read the body: a bad key first, then unparsable JSON, then the body's fields."""
     url, key = f"{proxy.base_url}{path}", {"Authorization": f"Bearer {proxy.session_key}"}
     json_type = {"Content-Type": "application/json"}
     unparsable = httpx.post(url, content=b"{not json", timeout=10, headers={**key, **json_type})
     assert unparsable.status_code == 400 and unparsable.json()["error"]["type"] == "invalid_request_error"
-    assert unparsable.headers["x-request-id"]
+    assert len(unparsable.headers.get_list("x-request-id")) == 1  # an error answer names its request once
     keyless = httpx.post(url, content=b"{not json", timeout=10, headers=json_type)
-    assert keyless.status_code == 400  # the JSON is refused before the key is looked at
+    assert keyless.status_code == 401  # the key is looked at before the body is read
+    assert len(keyless.headers.get_list("x-request-id")) == 1
     assert httpx.post(url, json={"max_tokens": "many"}, timeout=10).status_code == 401
     fields = {"max_tokens": "many", "max_output_tokens": "many"}
     invalid = httpx.post(url, json=fields, headers=key, timeout=10)

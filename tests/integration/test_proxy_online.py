@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
-from storage.queries import hash_api_key
+from tests.support.databases import key_hasher, storage_overrides
 from tests.support.proxy_harness import Proxy, ProxyFactory
 from tests.support.scripted_worker import ScriptedWorker
 
@@ -21,7 +23,7 @@ SESSION_HEADER = "x-flywheel-session-id"
 
 def create_online_key(db_url: str, cwd: Path) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "flywheel.cli", "keys", "create", "--online", f"storage.url={db_url}"],
+        [sys.executable, "-m", "flywheel.cli", "keys", "create", "--online", *storage_overrides(db_url)],
         cwd=cwd, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -65,7 +67,7 @@ def test_online_key_calls_join_sessions_by_conversation(
 
     sessions = {s.id: s for s in proxy.sessions()}
     for sid in (trip_session, poem_session):
-        assert sessions[sid].owner_key_hash == hash_api_key(key)
+        assert sessions[sid].owner_key_hash == key_hasher(db_url).hash(key)
         assert sessions[sid].metadata_["origin"] == "online"
         rows = sorted((c for c in proxy.completions() if c.session_id == sid), key=lambda c: c.created_at)
         assert len(rows) == 2 and rows[1].parent_id == rows[0].id and not rows[1].branched
@@ -100,7 +102,7 @@ def test_online_key_responses_calls_get_sessions_it_owns(
     assert raw.parse().id.startswith("resp_")
 
     session = {s.id: s for s in proxy.sessions()}[session_id]
-    assert session.owner_key_hash == hash_api_key(key) and session.status == "active"
+    assert session.owner_key_hash == key_hasher(db_url).hash(key) and session.status == "active"
     assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/end").status_code == 200
 
 
@@ -158,10 +160,38 @@ def test_online_key_text_completions_get_sessions_it_owns(
     assert streamed.headers[SESSION_HEADER] != session_id
 
     sessions = {s.id: s for s in proxy.sessions()}
+    owner = key_hasher(db_url).hash(key)
     for sid in (session_id, streamed.headers[SESSION_HEADER]):
-        assert sessions[sid].owner_key_hash == hash_api_key(key) and sessions[sid].status == "active"
+        assert sessions[sid].owner_key_hash == owner and sessions[sid].status == "active"
         assert sessions[sid].metadata_["origin"] == "online"
     [row] = [c for c in proxy.completions() if c.session_id == session_id]
     assert completion.id.startswith("cmpl-") and row.output_ids.tolist()
     assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/reward", {"value": 1.0}).status_code == 200
     assert rl(proxy, key, f"/rl/v1/sessions/{session_id}/end").json()["ended"] is True
+
+
+def test_online_key_reads_and_continues_its_own_stored_responses_only(
+    proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
+) -> None:
+    """GET /v1/responses/{id} and previous_response_id see a response made on an online key, since the
+    key owns its session; to another online key it is as unknown as a missing one (404)."""
+    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    key, other_key = create_online_key(db_url, tmp_path), create_online_key(db_url, tmp_path)
+    client = proxy.client(key)
+
+    raw = client.responses.with_raw_response.create(model="m", input="Count.", max_output_tokens=4)
+    first = raw.parse()
+    assert client.responses.retrieve(first.id).id == first.id
+    continued = client.responses.with_raw_response.create(
+        model="m", input="More.", previous_response_id=first.id, max_output_tokens=4
+    )
+    assert continued.parse().previous_response_id == first.id
+    assert continued.headers[SESSION_HEADER] == raw.headers[SESSION_HEADER]  # the same conversation
+    assert proxy.completion(continued.parse().id).parent_id == first.id
+
+    other = proxy.client(other_key)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as refused:
+        other.responses.create(model="m", input="Mine?", previous_response_id=first.id, max_output_tokens=4)
+    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]

@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.proxy_harness import Proxy, ProxyFactory, install_script, new_session_key, run_db
+from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
 from tests.support.responses_api import (
     ANSWER,
     CHAT_TOOLS,
@@ -161,7 +161,7 @@ def test_previous_response_id_unknown_other_session_or_unstored_is_404(
         client.responses.create(model="m", input="hi", previous_response_id="resp_doesnotexist")
     assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]
     mine = client.responses.create(model="m", input="Say hello")
-    _, other_key = run_db(proxy.db_url, new_session_key)
+    _, other_key = proxy.new_session_key()
     other = proxy.client(other_key)
     with pytest.raises(openai.NotFoundError):
         other.responses.create(model="m", input="hi", previous_response_id=mine.id)

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory, new_session_key, run_db
+from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory
 from tests.support.scripted_worker import ScriptedWorker, default_token_fn, token_text
 
 MESSAGES = [{"role": "user", "content": "Count with me."}]
@@ -49,7 +49,7 @@ def generate_calls(worker: ScriptedWorker) -> list[Any]:
 
 def session_client(proxy: Proxy) -> Any:
     """A client on a new session of its own."""
-    _session_id, key = run_db(proxy.db_url, new_session_key)
+    _session_id, key = proxy.new_session_key()
     return proxy.client(key=key)
 
 

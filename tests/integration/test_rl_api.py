@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,15 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from proxy.app import create_proxy_app
-from proxy.auth import create_admin_key
+from proxy.auth import create_admin_key, create_online_key
 from proxy.config import ProxyConfig
 from proxy.services import ProxyServices
 from rewards.config import FinalizerConfig
 from serving.config import ServingConfig
-from storage.config import StorageConfig
 from storage.models import ApiKey, Completion, Group, Reward, Session, Trajectory
-from storage.queries import hash_api_key, record_completions
+from storage.queries import record_completions
 from storage.records import CompletionRecord
+from tests.support.databases import storage_config
 from tests.support.proxy_harness import dead_worker_url
 
 BASE_URL = "http://agents.example:9000/v1"
@@ -94,9 +95,10 @@ class Api:
 async def api(db_url: str, tiny_model_dir: Path) -> AsyncIterator[Api]:
     config = ProxyConfig(public_base_url=BASE_URL, finalizer=FinalizerConfig(sweep_interval_s=3600))
     serving = ServingConfig(model=str(tiny_model_dir), worker_urls=[dead_worker_url()])
-    app = create_proxy_app(config, StorageConfig(url=db_url), serving)
+    app = create_proxy_app(config, storage_config(db_url), serving)
     async with app.router.lifespan_context(app):
-        admin_key = await create_admin_key(app.state.services.session_factory)
+        services = app.state.services
+        admin_key = await create_admin_key(services.session_factory, services.key_hasher)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             yield Api(app, client, admin_key)
@@ -117,7 +119,7 @@ async def test_create_session_and_group(api: Api) -> None:
     async with api.services.session_factory() as db:
         query = select(ApiKey).where(ApiKey.session_id == created["session_id"])
         key_row = (await db.execute(query)).scalar_one()
-    assert key_row.key_hash == hash_api_key(created["api_key"]) and key_row.scope == "session"
+    assert key_row.key_hash == api.services.key_hasher.hash(created["api_key"]) and key_row.scope == "session"
 
     view = await api.call("GET", f"/rl/v1/sessions/{created['session_id']}", created["api_key"])
     assert view.status_code == 200
@@ -291,7 +293,7 @@ async def test_areal_aliases(api: Api) -> None:
 
 
 async def test_areal_key_reuse_ends_and_finalizes_the_old_session(api: Api) -> None:
-    chosen = "client-chosen-key-0123456789"
+    chosen = "client-chosen-key-0123456789-abcdefghijklmnop"
     start = {"task_id": "a", "api_key": chosen}
     first = (await api.call("POST", "/rl/start_session", api.admin_key, start)).json()
     assert first["api_key"] == chosen
@@ -307,3 +309,85 @@ async def test_areal_key_reuse_ends_and_finalizes_the_old_session(api: Api) -> N
 
     admin_as_session = await api.call("POST", "/rl/start_session", api.admin_key, {"api_key": api.admin_key})
     assert_openai_error(admin_as_session, 400)
+
+
+async def test_areal_refuses_short_or_repetitive_client_chosen_keys(api: Api) -> None:
+    before = await api.counts()
+    for weak in ("client-chosen-key-0123456789", "k" * 40):
+        body = {"task_id": "a", "api_key": weak}
+        error = assert_openai_error(await api.call("POST", "/rl/start_session", api.admin_key, body), 400,
+                                    "weak_api_key")
+        assert error["param"] == "api_key" and "32 characters" in error["message"]
+    assert await api.counts() == before
+
+    chosen = secrets.token_urlsafe(32)
+    started = await api.call("POST", "/rl/start_session", api.admin_key, {"task_id": "a", "api_key": chosen})
+    assert started.status_code == 200 and started.json()["api_key"] == chosen
+    mine = await api.call("GET", f"/rl/v1/sessions/{started.json()['session_id']}", chosen)
+    assert mine.status_code == 200
+
+
+async def test_keys_are_listed_without_secrets_and_revoked_at_once_on_this_proxy(api: Api) -> None:
+    session = await api.new_session()
+    online_key = await create_online_key(api.services.session_factory, api.services.key_hasher)
+    assert (await api.call("GET", "/rl/v1/policy", online_key)).status_code == 200  # now in the key cache
+
+    assert_openai_error(await api.call("GET", "/rl/v1/keys", session["api_key"]), 403)
+    listed = await api.call("GET", "/rl/v1/keys", api.admin_key)
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
+    keys = listed.json()["data"]
+    assert {k["kind"] for k in keys} == {"admin", "session", "online"}
+    assert all(set(k) == {"id", "kind", "created_at", "revoked_at", "session_id"} for k in keys)
+    for secret in (api.admin_key, online_key, session["api_key"]):
+        assert secret not in listed.text and api.services.key_hasher.hash(secret) not in listed.text
+    [online] = (await api.call("GET", "/rl/v1/keys?kind=online", api.admin_key)).json()["data"]
+    assert online["revoked_at"] is None and online["session_id"] is None
+    first = (await api.call("GET", "/rl/v1/keys?limit=1", api.admin_key)).json()
+    assert len(first["data"]) == 1 and first["has_more"] is True
+
+    before = await api.counts()
+    path = f"/rl/v1/keys/{online['id']}/revoke"
+    assert_openai_error(await api.call("POST", path, session["api_key"]), 403)
+    for unknown in ("999999", "nope", "-1", "²"):
+        missing = await api.call("POST", f"/rl/v1/keys/{unknown}/revoke", api.admin_key)
+        assert_openai_error(missing, 404, "key_not_found")
+    assert (await api.call("GET", "/rl/v1/policy", online_key)).status_code == 200
+    revoked = await api.call("POST", path, api.admin_key)
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    assert_openai_error(await api.call("GET", "/rl/v1/policy", online_key), 401, "invalid_api_key")  # at once
+    again = await api.call("POST", path, api.admin_key)  # idempotent
+    assert again.status_code == 200 and again.json() == revoked.json()
+    assert await api.counts() == before
+
+
+async def test_the_last_admin_key_cannot_be_revoked(api: Api) -> None:
+    async def admin_ids() -> list[int]:
+        listed = await api.call("GET", "/rl/v1/keys?kind=admin", api.admin_key)
+        return [k["id"] for k in listed.json()["data"] if k["revoked_at"] is None]
+
+    [mine] = await admin_ids()
+    alone = await api.call("POST", f"/rl/v1/keys/{mine}/revoke", api.admin_key)
+    assert_openai_error(alone, 409, "last_admin_key")
+    assert (await api.call("GET", "/rl/v1/keys", api.admin_key)).status_code == 200  # still works
+
+    other = await create_admin_key(api.services.session_factory, api.services.key_hasher)
+    [other_id] = [i for i in await admin_ids() if i != mine]
+    assert (await api.call("POST", f"/rl/v1/keys/{other_id}/revoke", api.admin_key)).status_code == 200
+    assert_openai_error(await api.call("GET", "/rl/v1/keys", other), 401)
+    assert_openai_error(await api.call("POST", f"/rl/v1/keys/{mine}/revoke", api.admin_key), 409)
+    assert await admin_ids() == [mine]
+
+
+async def test_a_revoked_client_chosen_key_is_not_reused(api: Api) -> None:
+    chosen = secrets.token_hex(24)
+    started = await api.call("POST", "/rl/start_session", api.admin_key, {"task_id": "a", "api_key": chosen})
+    assert started.status_code == 200
+    listed = (await api.call("GET", "/rl/v1/keys?kind=session", api.admin_key)).json()["data"]
+    [key_id] = [k["id"] for k in listed if k["session_id"] == started.json()["session_id"]]
+    assert (await api.call("POST", f"/rl/v1/keys/{key_id}/revoke", api.admin_key)).status_code == 200
+
+    before = await api.counts()
+    reused = await api.call("POST", "/rl/start_session", api.admin_key, {"task_id": "b", "api_key": chosen})
+    assert_openai_error(reused, 409, "key_revoked")
+    assert_openai_error(await api.call("GET", f"/rl/v1/sessions/{started.json()['session_id']}", chosen), 401)
+    assert await api.counts() == before

@@ -14,8 +14,9 @@ from storage.claims import ClaimLostError, claim_batch, latest_policy_version, r
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
 from storage.models import PolicyVersion, TrainStep, Trajectory
-from storage.queries import create_group, create_session, hash_api_key, insert_trajectories
+from storage.queries import create_group, create_session, insert_trajectories
 from storage.records import ClaimedBatch, GroupRecord, SessionRecord, StepRecord, TrajectoryRecord
+from tests.support.databases import key_hash
 
 _ids = itertools.count()
 
@@ -32,7 +33,7 @@ def _trajectory(version: int, reward: float = 1.0) -> TrajectoryRecord:
 
 def _new_session(group_id: str | None = None) -> SessionRecord:
     sid = f"s{next(_ids)}"
-    return SessionRecord(id=sid, key_hash=hash_api_key(sid), group_id=group_id)
+    return SessionRecord(id=sid, key_hash=key_hash(sid), group_id=group_id)
 
 
 async def _group(

@@ -12,26 +12,29 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage.engine import SessionFactory
+from storage.errors import is_session_finalized
 from storage.models import Reward, Session, Trajectory
 from storage.queries import (
+    SessionChangedError,
     add_reward,
     create_admin_key,
     create_group,
     create_session,
     end_session,
     find_api_key,
-    hash_api_key,
     insert_trajectories,
     load_completion_chain,
+    load_session_completions,
     record_completion,
     record_completions,
 )
 from storage.records import CompletionRecord, GroupRecord, SessionRecord, TrajectoryRecord
 from storage.sequences import full_prompt_ids, full_token_ids
+from tests.support.databases import key_hash
 
 
 def _session(session_id: str, group_id: str | None = None) -> SessionRecord:
-    return SessionRecord(id=session_id, key_hash=hash_api_key(f"key-{session_id}"), group_id=group_id)
+    return SessionRecord(id=session_id, key_hash=key_hash(f"key-{session_id}"), group_id=group_id)
 
 
 def _completion(cid: str, session_id: str, parent_id: str | None, prompt: list[int], out: list[int]):
@@ -79,13 +82,13 @@ async def test_sqlite_connections_use_wal_and_enforce_foreign_keys(engine: Async
 
 async def test_session_keys_and_admin_keys(session_factory: SessionFactory) -> None:
     await create_session(session_factory, _session("s1"))
-    await create_admin_key(session_factory, hash_api_key("admin-secret"))
+    await create_admin_key(session_factory, key_hash("admin-secret"))
 
-    session_key = await find_api_key(session_factory, hash_api_key("key-s1"))
-    admin_key = await find_api_key(session_factory, hash_api_key("admin-secret"))
+    session_key = await find_api_key(session_factory, key_hash("key-s1"))
+    admin_key = await find_api_key(session_factory, key_hash("admin-secret"))
     assert session_key is not None and (session_key.scope, session_key.session_id) == ("session", "s1")
     assert admin_key is not None and (admin_key.scope, admin_key.session_id) == ("admin", None)
-    assert await find_api_key(session_factory, hash_api_key("nobody")) is None
+    assert await find_api_key(session_factory, key_hash("nobody")) is None
 
 
 async def test_group_refuses_more_sessions_than_its_size(session_factory: SessionFactory) -> None:
@@ -210,6 +213,21 @@ async def test_insert_trajectories_finalizes_the_session_once(session_factory: S
     with pytest.raises(LookupError):
         await insert_trajectories(session_factory, "missing", [])
     assert await _count(session_factory, Trajectory) == 2
+
+
+async def test_no_completion_joins_a_finalized_session(session_factory: SessionFactory) -> None:
+    """Trajectories built from fewer completions than the session has by its finalization are not
+    written (the finalizer builds them again), and once finalized no completion can join it."""
+    await create_session(session_factory, _session("s1"))
+    await record_completion(session_factory, _completion("c1", "s1", None, [1], [2]))
+    with pytest.raises(SessionChangedError):
+        await insert_trajectories(session_factory, "s1", [_trajectory()], completions=0)
+    assert await _count(session_factory, Trajectory) == 0  # nothing written, the session not finalized
+    await insert_trajectories(session_factory, "s1", [_trajectory()], completions=1)
+    with pytest.raises(Exception, match="session_finalized") as refused:
+        await record_completion(session_factory, _completion("c2", "s1", None, [1], [2]))
+    assert is_session_finalized(refused.value)
+    assert [c.id for c in await load_session_completions(session_factory, "s1")] == ["c1"]
 
 
 async def test_trajectory_without_generated_tokens_is_rejected(session_factory: SessionFactory) -> None:

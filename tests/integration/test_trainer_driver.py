@@ -18,8 +18,9 @@ from serving.config import ClientConfig
 from storage.claims import claim_batch
 from storage.engine import SessionFactory
 from storage.models import PolicyVersion, TrainStep, Trajectory
-from storage.queries import create_group, hash_api_key, insert_trajectories
+from storage.queries import create_group, insert_trajectories
 from storage.records import GroupRecord, SessionRecord, TrainingSample, TrajectoryRecord
+from tests.support.databases import key_hash
 from tests.support.scripted_worker import ScriptedWorker
 from trainer.config import TrainerConfig, WeightPushConfig
 from trainer.driver import Driver
@@ -60,7 +61,7 @@ async def _groups(session_factory: SessionFactory, count: int, size: int = 2, ve
     for _ in range(count):
         gid = f"g{next(_ids)}"
         sessions = [
-            SessionRecord(id=f"{gid}-{i}", key_hash=hash_api_key(f"{gid}-{i}"), group_id=gid)
+            SessionRecord(id=f"{gid}-{i}", key_hash=key_hash(f"{gid}-{i}"), group_id=gid)
             for i in range(size)
         ]
         await create_group(session_factory, GroupRecord(id=gid, size=size), sessions)

@@ -26,11 +26,12 @@ from proxy.server import serve_proxy_in_thread
 from serving.config import ClientConfig, ServingConfig
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
+from storage.keys import KeyHasher
 from storage.models import Completion, Session
-from storage.queries import create_session, hash_api_key
+from storage.queries import create_session
 from storage.records import SessionRecord
 from tests.support import scripted_worker
-from tests.support.databases import run_outside_loop
+from tests.support.databases import key_hasher, run_outside_loop, storage_config
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
@@ -74,11 +75,11 @@ def run_db(db_url: str, fn: Callable[[SessionFactory], Awaitable[T]]) -> T:
     return run_outside_loop(lambda: asyncio.run(main()))
 
 
-async def new_session_key(session_factory: SessionFactory) -> tuple[str, str]:
+async def new_session_key(session_factory: SessionFactory, hasher: KeyHasher) -> tuple[str, str]:
     """(session id, session key) of a new active session."""
     key = generate_api_key(SESSION_KEY_PREFIX)
     session_id = f"sess-{key[-12:]}"
-    await create_session(session_factory, SessionRecord(id=session_id, key_hash=hash_api_key(key)))
+    await create_session(session_factory, SessionRecord(id=session_id, key_hash=hasher.hash(key)))
     return session_id, key
 
 
@@ -117,6 +118,15 @@ class Proxy:
     def async_client(self, key: str | None = None, **kwargs: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.v1, api_key=key or self.session_key, max_retries=0, **kwargs)
 
+    def new_session_key(self) -> tuple[str, str]:
+        """(session id, session key) of a new active session on this proxy's database."""
+        hasher = key_hasher(self.db_url)
+        return run_db(self.db_url, lambda factory: new_session_key(factory, hasher))
+
+    def new_admin_key(self) -> str:
+        hasher = key_hasher(self.db_url)
+        return run_db(self.db_url, lambda factory: create_admin_key(factory, hasher))
+
     def completions(self) -> list[Completion]:
         return run_db(self.db_url, _completions)
 
@@ -141,15 +151,16 @@ class ProxyFactory:
     stack: ExitStack = field(default_factory=ExitStack)
 
     def start(self, worker_urls: list[str], **proxy_settings: Any) -> Proxy:
-        admin_key = run_db(self.db_url, create_admin_key)
-        session_id, session_key = run_db(self.db_url, new_session_key)
+        hasher = key_hasher(self.db_url)
+        admin_key = run_db(self.db_url, lambda factory: create_admin_key(factory, hasher))
+        session_id, session_key = run_db(self.db_url, lambda factory: new_session_key(factory, hasher))
         settings = {"port": 0, **proxy_settings}
         serving = ServingConfig(
             model=str(self.model_dir), worker_urls=worker_urls,
             client=ClientConfig(connect_timeout_s=2.0, request_timeout_s=60.0),
         )
         base_url = self.stack.enter_context(
-            serve_proxy_in_thread(ProxyConfig(**settings), StorageConfig(url=self.db_url), serving)
+            serve_proxy_in_thread(ProxyConfig(**settings), storage_config(self.db_url), serving)
         )
         return Proxy(base_url, self.db_url, admin_key, session_id, session_key)
 

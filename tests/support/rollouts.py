@@ -13,8 +13,9 @@ import numpy as np
 
 from serving.client import SGLangClient
 from storage.engine import SessionFactory
-from storage.queries import create_group, hash_api_key, insert_trajectories
+from storage.queries import create_group, insert_trajectories
 from storage.records import GroupRecord, SessionRecord, TrajectoryRecord
+from tests.support.databases import key_hash
 
 RewardFn = Callable[[Sequence[int]], float]
 _ids = itertools.count()
@@ -77,7 +78,7 @@ async def rollout_group(
         raise RuntimeError(f"{_SAMPLE_ATTEMPTS} samplings of a group each had a sample with no tokens")
     group_id = f"group-{next(_ids)}"
     sessions = [
-        SessionRecord(id=f"{group_id}-s{i}", key_hash=hash_api_key(f"{group_id}-s{i}"), group_id=group_id)
+        SessionRecord(id=f"{group_id}-s{i}", key_hash=key_hash(f"{group_id}-s{i}"), group_id=group_id)
         for i in range(group_size)
     ]
     await create_group(session_factory, GroupRecord(id=group_id, size=group_size), sessions)

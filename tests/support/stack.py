@@ -15,6 +15,7 @@ import httpx
 from flywheel.config import load_config
 from flywheel.stack import Stack, start_stack
 from serving.threaded_server import free_port
+from tests.support.databases import storage_config
 
 T = TypeVar("T")
 
@@ -22,8 +23,10 @@ T = TypeVar("T")
 def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -> list[str]:
     """Config overrides for a small, fast stack on free ports with the tiny model."""
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Unix socket paths must stay short
+    key_secret = storage_config(db_url).key_secret
     settings = {
         "storage.url": db_url,
+        **({} if key_secret is None else {"storage.key_secret": key_secret.get_secret_value()}),
         "serving.model": str(model_dir),
         "serving.port": free_port(),
         "serving.cpu.num_threads": 1,

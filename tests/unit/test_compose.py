@@ -17,6 +17,8 @@ from flywheel.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FLYWHEEL_SERVICES = ("migrate", "engine", "proxy", "trainer")
+DOTENV = {"FLYWHEEL_KEY_SECRET": "f00d" * 16}
+"""What a deployment's `.env` beside docker-compose.yml holds."""
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +34,28 @@ def _service(compose: dict[str, Any], name: str) -> dict[str, Any]:
     return service
 
 
-def _config_of(compose: dict[str, Any], name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _interpolate(value: str, dotenv: dict[str, str]) -> str:
+    """Compose's `${NAME}`, `${NAME:-default}` and `${NAME:?error}`, with variables from `dotenv`."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, operator, argument = match.groups()
+        if dotenv.get(name):
+            return dotenv[name]
+        if operator == ":?":
+            raise ValueError(f"compose refuses to start: {name}: {argument}")
+        return argument or ""
+
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", substitute, value)
+
+
+def _config_of(
+    compose: dict[str, Any], name: str, monkeypatch: pytest.MonkeyPatch, dotenv: dict[str, str] = DOTENV
+) -> Any:
     service = _service(compose, name)
     for key in [k for k in os.environ if k.startswith("FLYWHEEL_")]:
         monkeypatch.delenv(key)
     for key, value in service["environment"].items():
-        monkeypatch.setenv(key, str(value))
+        monkeypatch.setenv(key, _interpolate(str(value), dotenv))
     args, extra = build_parser().parse_known_args(service["command"])
     return args, load_config(None, [*args.overrides, *extra])
 
@@ -64,6 +82,16 @@ def test_the_proxy_and_trainer_reach_the_engine_where_it_listens(
     _, proxy = _config_of(compose, "proxy", monkeypatch)
     published = [int(p.split(":")[1]) for p in _service(compose, "proxy")["ports"]]
     assert proxy.proxy.host == "0.0.0.0" and published == [proxy.proxy.port]
+
+
+def test_every_process_on_the_database_hashes_keys_with_the_secret_from_dotenv(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("migrate", "proxy", "trainer"):
+        _, config = _config_of(compose, name, monkeypatch)
+        assert config.storage.key_secret.get_secret_value() == DOTENV["FLYWHEEL_KEY_SECRET"]
+    with pytest.raises(ValueError, match="FLYWHEEL_KEY_SECRET"):  # no secret: nothing starts
+        _config_of(compose, "proxy", monkeypatch, dotenv={})
 
 
 def test_checkpoints_are_on_a_volume_the_engine_shares(compose: dict[str, Any]) -> None:

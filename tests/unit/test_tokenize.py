@@ -3,6 +3,8 @@ lacks. Its render cache is tested in test_proxy_render_cache.py."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from proxy.errors import OpenAIError
@@ -29,3 +31,27 @@ def test_developer_role_renders_as_system_where_the_template_lacks_it() -> None:
     with pytest.raises(OpenAIError) as error:
         chat.render([{"role": "tool", "content": "x"}], None)
     assert error.value.status == 400 and "unknown role tool" in error.value.message
+
+
+def test_a_long_text_is_encoded_with_the_gil_released(chat_tokenizer: ChatTokenizer) -> None:
+    """`tokenizers` holds the GIL through `encode` and releases it in `encode_batch`: a long prompt
+    encoded in a worker thread must leave other threads (the event loop's) running, and give exactly
+    the ids `encode` gives."""
+    text = " ".join(f"word{i} <|im_end|> héllo 日本" for i in range(40_000))
+    backend = chat_tokenizer.tokenizer.backend_tokenizer
+    expected = backend.encode(text, add_special_tokens=False).ids
+    encoded: list[list[int]] = []
+    done = threading.Event()
+
+    def encode() -> None:
+        encoded.append(chat_tokenizer.encode(text))
+        done.set()
+
+    worker = threading.Thread(target=encode)
+    worker.start()
+    wakeups = 0
+    while not done.wait(0.001):  # each wake-up needs the GIL back
+        wakeups += 1
+    worker.join()
+    assert encoded == [expected]
+    assert wakeups >= 10, f"this thread ran {wakeups} times while the text was encoded"

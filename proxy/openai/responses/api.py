@@ -8,9 +8,9 @@ response's `resp_…` id; its request_json and response_json are the stored resp
 `GET /v1/responses/{id}` answers the response_json, and `previous_response_id` puts the earlier
 request's input (and, recursively, its own previous response's) and output before this input.
 The prompt is chained in the session's conversation tree like a chat call's (responses/record.py says
-what a Responses call adds to it). Stored responses are visible to
-their own session's key and to admin keys; `store: false` ones to nobody (the completion is still
-recorded for training).
+what a Responses call adds to it). Stored responses are visible to their own session's key, to the
+online key owning that session, and to admin keys; `store: false` ones to nobody (the completion is
+still recorded for training).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fastapi import Depends
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from proxy.auth import Principal, require_principal
+from proxy.auth import Principal, may_act_on, require_principal
 from proxy.errors import OpenAIError
 from proxy.openai.chat import output_parser
 from proxy.openai.pipeline import CallContext, Part, PlannedCall
@@ -54,8 +54,8 @@ class ResponsesApi:
     ) -> ResponsesCall:
         services = call.services
         history = await previous_items(services, call.principal, body.previous_response_id)
-        chat = chat_request(body, history, request_json)
-        messages, tools = chat.template_messages(), chat.template_tools()  # once: several steps read them
+        chat = await call.prepare(lambda: chat_request(body, history, request_json))
+        messages, tools = await call.prepare(chat.template_input)  # once: several steps read them
         session = await call.conversation_session(messages, tools)
         conversation = await call.prompt(session, messages, tools)
         prompt_ids = conversation.prompt_ids
@@ -107,8 +107,9 @@ async def retrieve_response(
 async def stored_response(
     services: ProxyServices, principal: Principal, response_id: str, param: str | None
 ) -> Completion:
-    """The recorded completion of a stored response the caller may see; 404 otherwise (another
-    session's response is as unknown as a missing one)."""
+    """The recorded completion of a stored response the caller may see (its session's key, the online
+    key owning that session, an admin key: `may_act_on`); 404 otherwise (another session's response is
+    as unknown as a missing one)."""
     row = None
     if response_id.startswith(RESPONSE_PREFIX):
         async with services.session_factory() as db:
@@ -116,9 +117,9 @@ async def stored_response(
             row = found.scalar_one_or_none()
     visible = (
         row is not None
-        and principal.may_act_on(row.session_id)
         and row.response_json.get("object") == "response"
         and row.request_json.get("store") is not False
+        and await may_act_on(services.session_factory, principal, row.session_id)
     )
     if not visible or row is None:
         raise OpenAIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error",

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from proxy.errors import OpenAIError
-from proxy.openai.schemas import MAX_TOP_LOGPROBS, ChatCompletionRequest
+from proxy.openai.schemas import INT32_MAX, CallBody, CallSize, ChatCompletionRequest, TokenCount
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -26,11 +26,9 @@ EXTENSION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", 
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(CallBody):
     """OpenAI's `POST /v1/responses` body. Unknown fields are ignored, as in the chat schema; `text`,
     `reasoning`, `include` and `truncation` are accepted and echoed (decoding is not constrained)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     input: str | list[dict[str, Any]] = Field(min_length=1)
@@ -40,8 +38,8 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_output_tokens: TokenCount | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX)
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -64,6 +62,23 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             return [{"type": "message", "role": "user", "content": self.input}]
         return list(self.input)
+
+    def call_size(self) -> CallSize:
+        """The input's text is every string in its items (ids and types are short); the instructions
+        are the prompt's too."""
+        chars = _text_chars(self.input) + len(self.instructions or "")
+        return CallSize(chars, "input", top_logprobs=self.top_logprobs or 0)
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of every string in decoded JSON (nested no deeper than `proxy.limits.max_json_depth`)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(item) for item in value.values())
+    if isinstance(value, list):
+        return sum(_text_chars(item) for item in value)
+    return 0
 
 
 def chat_request(
