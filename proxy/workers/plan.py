@@ -33,6 +33,9 @@ _IDS = random.Random()
 """The completion ids' own PRNG: the `random` module's is shared with everything in the process, and
 whatever seeds it (a library, a test framework generating examples) would make ids repeat."""
 os.register_at_fork(after_in_child=_IDS.seed)
+RETRY_SOON = {"Retry-After": "1"}
+"""On a worker failure: workers come back within seconds (a restart, a weight push), and the openai
+client waits this long before its own retry."""
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -252,24 +255,25 @@ def token_versions(meta: dict[str, Any], n_tokens: int) -> list[int]:
 
 
 def worker_error(exc: WorkerError) -> OpenAIError:
-    """A worker failure as the client should see it."""
+    """A worker failure as the client should see it; a server-side one says when to retry."""
     if isinstance(exc, WorkerBadRequest):
         return OpenAIError(400, exc.message, "invalid_request_error")
     if isinstance(exc, WorkerTimeout):
         return OpenAIError(504, f"The serving worker timed out: {exc.message}", "server_error",
-                           code="worker_timeout")
+                           code="worker_timeout", headers=RETRY_SOON)
     if isinstance(exc, WorkerHTTPError):
         return OpenAIError(502, f"The serving worker failed (HTTP {exc.status}): {exc.message}",
-                           "server_error", code="worker_error")
+                           "server_error", code="worker_error", headers=RETRY_SOON)
     if isinstance(exc, WorkerConnectionError):
         return OpenAIError(502, f"Lost the serving worker: {exc.message}", "server_error",
-                           code="worker_unavailable")
+                           code="worker_unavailable", headers=RETRY_SOON)
     return OpenAIError(502, f"The serving worker answered badly: {exc.message}", "server_error",
-                       code="worker_error")
+                       code="worker_error", headers=RETRY_SOON)
 
 
 def no_worker_error(balancer: Balancer) -> OpenAIError:
     urls = ", ".join(worker.url for worker in balancer.workers)
     return OpenAIError(
-        503, f"No serving worker is reachable ({urls}).", "server_error", code="worker_unavailable"
+        503, f"No serving worker is reachable ({urls}).", "server_error", code="worker_unavailable",
+        headers=RETRY_SOON,
     )

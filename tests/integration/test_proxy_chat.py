@@ -271,6 +271,7 @@ def test_worker_down_is_503_in_openai_shape(proxies: ProxyFactory) -> None:
         proxy.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
     assert error.value.status_code == 503 and error.value.code == "worker_unavailable"
     assert error.value.response.headers["x-request-id"]
+    assert error.value.response.headers["retry-after"] == "1"  # workers come back: retry soon
     with pytest.raises(openai.InternalServerError):
         proxy.client().chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, stream=True)
     assert proxy.count_completions() == 0
