@@ -6,13 +6,12 @@ prompt ids are the chat template's rendering of the request's items, its output 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
+from tests.support.proxy_harness import Proxy
 from tests.support.responses_api import (
     ANSWER,
     CHAT_TOOLS,
@@ -25,21 +24,10 @@ from tests.support.responses_api import (
     full_prompt,
     function_calls,
     rendered,
-    reply,
     worker_inputs,
 )
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
-
-
-@pytest.fixture(name="script")
-def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    return install_script(tiny_model_dir, reply, monkeypatch)
-
-
-@pytest.fixture(name="proxy")
-def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
-    return proxies.start([worker.url], tool_call_parser="hermes")
 
 
 def test_string_input_answers_a_response_and_records_the_rendered_prompt(

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.proxy_harness import Proxy, ProxyFactory, install_script
+from tests.support.proxy_harness import Proxy, ProxyFactory
 from tests.support.responses_api import (
     CHAT_TOOLS,
     GREETING,
@@ -23,20 +22,9 @@ from tests.support.responses_api import (
     collect_stream,
     function_calls,
     rendered,
-    reply,
 )
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
-
-
-@pytest.fixture(name="script")
-def script_fixture(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TextScript:
-    return install_script(tiny_model_dir, reply, monkeypatch)
-
-
-@pytest.fixture(name="proxy")
-def proxy_fixture(proxies: ProxyFactory, worker: ScriptedWorker) -> Proxy:
-    return proxies.start([worker.url], tool_call_parser="hermes")
 
 
 def test_streaming_sends_the_named_event_sequence(proxy: Proxy, script: TextScript) -> None:
