@@ -3,11 +3,11 @@ the others.
 
 - Requests per second, with a burst: a token bucket per key, in this proxy's memory (several proxies
   each allow the rate: the bound is per replica).
-- Tokens per day (prompt + completion, UTC days): counted in the database (`key_usage`), so several
-  proxies agree. Each proxy adds what it served to the database every `flush_interval_s` (one upsert
-  per key, off the request path) and reads the day's totals back; a key over its quota is refused
-  until the next UTC midnight. Between flushes the proxies may together overshoot by what they served
-  in one interval.
+- Tokens per day (prompt + completion, UTC days), for keys that have a quota: counted in the database
+  (`key_usage`), so several proxies agree. Each proxy adds what it served to the database every
+  `flush_interval_s` (one upsert per key, off the request path) and reads the day's totals back; a key
+  over its quota is refused until the next UTC midnight. Between flushes the proxies may together
+  overshoot by what they served in one interval.
 
 A limit comes from the key itself when set (`api_keys.requests_per_s`, `burst`, `tokens_per_day`: see
 `flywheel keys create --help`), else from the defaults of its kind (`proxy.rate_limits`). A refusal
@@ -183,13 +183,18 @@ class KeyLimiter:
 
     def admit(self, principal: Principal) -> None:
         """429 if the caller's key is over its rate or its daily tokens; else the call is counted."""
-        if principal.key_id is None:
-            return
-        limit = effective_limit(self._config.of(principal.scope), principal.limits)
-        self.tokens.check(principal.key_id, limit)
-        self.rates.take(principal.key_id, limit)
+        key_id = principal.key_id
+        if key_id is not None:
+            limit = self._limit(principal)
+            self.tokens.check(key_id, limit)
+            self.rates.take(key_id, limit)
 
     def count(self, principal: Principal, tokens: int) -> None:
-        """Tokens (prompt + completion) a call of the caller's key was served."""
-        if principal.key_id is not None:
-            self.tokens.add(principal.key_id, tokens)
+        """Tokens (prompt + completion) a call of the caller's key was served: counted only for a key
+        with a daily quota, so keys without one (every session key, by default) cost no database rows."""
+        key_id = principal.key_id
+        if key_id is not None and self._limit(principal).tokens_per_day is not None:
+            self.tokens.add(key_id, tokens)
+
+    def _limit(self, principal: Principal) -> KeyRateLimit:
+        return effective_limit(self._config.of(principal.scope), principal.limits)
