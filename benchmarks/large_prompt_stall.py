@@ -33,9 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.overhead import stacks
 
 BIG_CONTEXT = "proxy.context_length=16777216"
-# The small client calls as fast as it is answered, far past a session key's default rate limit: the
-# latency it sees is what is measured, not the limit.
-UNLIMITED = "proxy.rate_limits.session.requests_per_s=1000000"
 _MIN_CALLS = 20  # small calls timed at least, however long the large prompts take
 ON_THE_LOOP = ("proxy.tokenize_in_thread_chars=1000000000", "proxy.parse_in_thread_bytes=1000000000")
 
@@ -115,7 +112,7 @@ def run(calls: int, large_chars: int, large_prompts: int) -> list[Row]:
         with stacks.worker(logs) as worker:
             for name, settings, with_large in setups:
                 with stacks.sqlite_database() as db_url, stacks.flywheel_proxy(
-                    logs, db_url, worker.url, 2, settings=(BIG_CONTEXT, UNLIMITED, *settings)
+                    logs, db_url, worker.url, 2, settings=(BIG_CONTEXT, *settings)
                 ) as proxy:
                     small, large = asyncio.run(_measure(proxy.url, proxy.keys, calls,
                                                         large_chars if with_large else None, large_prompts))
