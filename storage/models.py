@@ -67,6 +67,13 @@ class SessionStatus(StrEnum):
     FINALIZED = "finalized"  # trajectories written; its group may be trained on
 
 
+class JobState(StrEnum):
+    QUEUED = "queued"  # waiting for a runner (at first, or after a failed attempt until `run_after`)
+    RUNNING = "running"  # leased by a runner until `lease_until`
+    DONE = "done"  # its rewards are written
+    FAILED = "failed"  # gave up after `max_attempts`; `error` says why
+
+
 class KeyScope(StrEnum):
     ADMIN = "admin"  # any route, any session
     SESSION = "session"  # one session's OpenAI calls, rewards and end
@@ -118,6 +125,9 @@ class Group(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     size: Mapped[int]
     task: Mapped[Any | None]
+    reward_hooks: Mapped[Any | None]
+    """The group hooks (a list of hook specs, rewards/hooks/spec.py) that label the group once every one of
+    its sessions has ended; NULL: none."""
     created_at: Mapped[Created]
 
 
@@ -139,6 +149,9 @@ class Session(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
     owner_key_hash: Mapped[str | None] = mapped_column(String(64), index=True)
     """The online key whose calls made this session (they join it while it is active), if any."""
+    reward_hooks: Mapped[Any | None]
+    """The hooks (a list of hook specs, rewards/hooks/spec.py) that label the session once it has ended,
+    fixed when it was created; NULL: none."""
     status: Mapped[str] = mapped_column(
         String(16), default=SessionStatus.ACTIVE.value, server_default=SessionStatus.ACTIVE.value
     )
@@ -272,3 +285,40 @@ class KeyUsage(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
     day: Mapped[date] = mapped_column(Date, primary_key=True)
     tokens: Mapped[int] = mapped_column(BigInteger)
+
+
+class RewardJob(Base):
+    """One reward hook to run on one ended session, or on one group whose sessions have all ended. Written
+    in the transaction that ends the session; claimed by hook runners with a lease (rewards/runner.py)."""
+
+    __tablename__ = "reward_jobs"
+    __table_args__ = (
+        CheckConstraint(
+            "(session_id IS NULL AND group_id IS NOT NULL) OR (session_id IS NOT NULL AND group_id IS NULL)",
+            name="one_subject",
+        ),
+        CheckConstraint("state IN ('queued', 'running', 'done', 'failed')", name="state_known"),
+        Index("ux_reward_jobs_session_source", "session_id", "source", unique=True),
+        Index("ux_reward_jobs_group_source", "group_id", "source", unique=True),
+        Index("ix_reward_jobs_state_run_after", "state", "run_after"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"))
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"))
+    source: Mapped[str] = mapped_column(String(64))
+    """The source its rewards are written under: "hook:<name>"."""
+    spec: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Runs started (a claim counts one, so a runner killed mid-run still uses up an attempt)."""
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    run_after: Mapped[datetime]
+    lease_token: Mapped[str | None] = mapped_column(String(36))
+    lease_until: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    """The last attempt's error, when it failed."""
+    result: Mapped[dict[str, Any] | None]
+    """What the job wrote: the rewards, or that the hook had no opinion."""
+    created_at: Mapped[Created]
+    finished_at: Mapped[datetime | None]

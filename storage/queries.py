@@ -33,6 +33,7 @@ from storage.records import (
     SessionRecord,
     TrajectoryRecord,
 )
+from storage.reward_jobs import queue_jobs_on_end
 
 __all__ = [
     "ClaimLostError",
@@ -121,7 +122,7 @@ async def create_group(
     if group.size < 1:
         raise ValueError(f"group size must be at least 1, got {group.size}")
     async with write_transaction(session_factory) as db:
-        db.add(Group(id=group.id, size=group.size, task=group.task))
+        db.add(Group(id=group.id, size=group.size, task=group.task, reward_hooks=group.reward_hooks or None))
         await db.flush()
         await _add_sessions(db, sessions)
 
@@ -138,7 +139,7 @@ async def _add_sessions(db: AsyncSession, sessions: Sequence[SessionRecord]) -> 
         await _check_group_room(db, group_id, joining)
     for s in sessions:
         db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata),
-                       owner_key_hash=s.owner_key_hash))
+                       owner_key_hash=s.owner_key_hash, reward_hooks=s.reward_hooks or None))
     await db.flush()  # sessions before the keys that point at them
     for s in sessions:
         db.add(ApiKey(key_hash=s.key_hash, scope=KeyScope.SESSION.value, session_id=s.id))
@@ -160,14 +161,20 @@ async def _check_group_room(db: AsyncSession, group_id: str, joining: int) -> No
 
 
 async def end_session(session_factory: SessionFactory, session_id: str) -> bool:
-    """Mark an active session ended. False if it had already ended; LookupError if there is none."""
+    """Mark an active session ended and, in the same transaction, queue its reward hooks' jobs (and its
+    group's, when it was the group's last session to end). False if it had already ended; LookupError if
+    there is none."""
     async with write_transaction(session_factory) as db:
+        group_id = await db.scalar(select(Session.group_id).where(Session.id == session_id))
+        if group_id is not None:  # ends in one group take turns, so exactly one sees the group complete
+            await db.execute(select(Group.id).where(Group.id == group_id).with_for_update())
         result = await db.execute(
             update(Session)
             .where(Session.id == session_id, Session.status == SessionStatus.ACTIVE.value)
             .values(status=SessionStatus.ENDED.value, ended_at=datetime.now(UTC))
         )
         if affected_rows(result) == 1:
+            await queue_jobs_on_end(db, session_id, group_id)
             return True
         exists = await db.scalar(select(literal(1)).where(Session.id == session_id))
     if exists is None:

@@ -17,6 +17,7 @@ class GroupRecord:
     id: str
     size: int
     task: Any = None
+    reward_hooks: list[dict[str, Any]] | None = None  # hook specs run once all its sessions have ended
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +30,7 @@ class SessionRecord:
     task: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     owner_key_hash: str | None = None  # the online key whose calls made it (storage.models.Session)
+    reward_hooks: list[dict[str, Any]] | None = None  # hook specs run when it ends (rewards/hooks/spec.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,7 @@ TABLES = {
     "sessions",
     "completions",
     "rewards",
+    "reward_jobs",
     "trajectories",
     "policy_versions",
     "train_steps",
