@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import logging
 import multiprocessing
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -40,9 +41,12 @@ class HookWorkerDiedError(RuntimeError):
         self.exitcode = exitcode
 
 
-def preload_modules(modules: Sequence[str]) -> None:
-    """Import `modules` in a worker as it starts, before it takes an item, so that a heavy import is not
-    charged to the first item's timeout. A module that fails to import is logged and skipped."""
+def start_worker(modules: Sequence[str], nice: int) -> None:
+    """A worker as it starts: lower its CPU priority by `nice` (graders must not take CPU from the process
+    serving agents), then import `modules` before it takes an item, so that a heavy import is not charged
+    to the first item's timeout. A module that fails to import is logged and skipped."""
+    if nice:
+        os.nice(nice)
     for name in modules:
         try:
             importlib.import_module(name)
@@ -94,12 +98,16 @@ class ProcessHookPool:
     `HookWorkerDiedError`. Also an async context manager that closes on exit.
     """
 
-    def __init__(self, workers: int, *, preload: Sequence[str] = ()) -> None:
-        """`workers` processes at most; `preload`: modules each worker imports as it starts."""
+    def __init__(self, workers: int, *, preload: Sequence[str] = (), nice: int = 0) -> None:
+        """`workers` processes at most; `preload`: modules each worker imports as it starts; `nice`: how
+        much lower than this process's their CPU priority is."""
         if workers < 1:
             raise ValueError(f"a pool needs at least one worker, not {workers}")
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be within 0..19, not {nice}")
         self.workers = workers
         self.preload = tuple(preload)
+        self.nice = nice
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._pool: ProcessPool | None = None
@@ -145,8 +153,8 @@ class ProcessHookPool:
             if self._pool is None:
                 self._pool = ProcessPool(
                     max_workers=self.workers,
-                    initializer=preload_modules if self.preload else None,
-                    initargs=(self.preload,) if self.preload else (),
+                    initializer=start_worker,
+                    initargs=(self.preload, self.nice),
                     context=self._context,
                 )
             future: Future[T] = self._pool.schedule(fn, args=args, timeout=timeout_s)

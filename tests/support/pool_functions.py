@@ -70,3 +70,8 @@ def timed_sleep(seconds: float) -> tuple[float, float]:
     start = time.time()
     time.sleep(seconds)
     return start, time.time()
+
+
+def niceness() -> int:
+    """The calling process's nice value."""
+    return os.nice(0)

@@ -145,3 +145,12 @@ async def test_preloaded_modules_are_imported_when_a_worker_starts():
         assert await asyncio.wait_for(hook_pool.run(fns.is_imported, "colorsys", timeout_s=30), BOUND_S)
     async with ProcessHookPool(1) as hook_pool:
         assert not await asyncio.wait_for(hook_pool.run(fns.is_imported, "colorsys", timeout_s=30), BOUND_S)
+
+
+async def test_workers_run_at_a_lower_cpu_priority_than_the_process_serving_agents():
+    async with ProcessHookPool(1, nice=7) as lowered, ProcessHookPool(1) as same:
+        mine = os.nice(0)
+        assert await asyncio.wait_for(lowered.run(fns.niceness, timeout_s=30), BOUND_S) == min(mine + 7, 19)
+        assert await asyncio.wait_for(same.run(fns.niceness, timeout_s=30), BOUND_S) == mine
+    with pytest.raises(ValueError, match="nice"):
+        ProcessHookPool(1, nice=20)
