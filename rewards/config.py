@@ -1,10 +1,13 @@
-"""Session finalizer sub-config: how rewards become trajectory rewards, and when sessions are finalized."""
+"""Reward configuration: how rewards become trajectory rewards and when sessions are finalized
+(`FinalizerConfig`), and which reward hooks label sessions and how they run (`RewardsConfig`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rewards.hooks.spec import HookSpec
 
 
 class FinalizerConfig(BaseModel):
@@ -37,3 +40,51 @@ class FinalizerConfig(BaseModel):
     """Longest a session's finalization waits for its calls still generating or recording in the proxy
     (longer than `proxy.resume_timeout_s`, the longest a generation waits out weight pushes); a call
     still running after that is not in the session's trajectories, and a warning says so."""
+    rest_and_hooks: Literal["rest_wins", "hooks_win", "sum"] = "rest_wins"
+    """How a client's reward (REST, AReaL) and hook rewards on the same target (the session, or one
+    completion) combine: "rest_wins" uses only the client's where it sent one, "hooks_win" only the hooks'
+    where they gave one, "sum" adds both. Hook rewards among themselves add up weighted by each hook's
+    `weight` (rewards/hooks/spec.py)."""
+
+
+class HookRunnerConfig(BaseModel):
+    """How reward hook jobs are run (rewards/runner.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    in_proxy: bool = True
+    """Run hooks inside the proxy process. False when `flywheel rewards` processes run them (several may
+    share one Postgres database)."""
+    concurrency: int = Field(8, ge=1, le=1024)
+    """Jobs one runner runs at once."""
+    workers: int = Field(1, ge=1, le=256)
+    """Worker processes for CPU-bound graders (math-verify, user functions)."""
+    worker_nice: int = Field(10, ge=0, le=19)
+    """How much lower the worker processes' CPU priority is than the runner's (the proxy's, by default): on
+    a busy machine graders yield the CPU to the process answering agents."""
+    poll_interval_s: float = Field(0.5, gt=0.0)
+    """How often an idle runner looks for due jobs."""
+    timeout_s: float = Field(120.0, gt=0.0)
+    """A hook's limit per run, unless its spec sets `timeout_s`."""
+    max_attempts: int = Field(3, ge=1, le=100)
+    """Runs before a job is marked failed, unless its spec sets `max_attempts`."""
+    backoff_s: float = Field(2.0, ge=0.0)
+    """Delay before the first retry; each further retry waits twice as long, at most `backoff_max_s`."""
+    backoff_max_s: float = Field(300.0, ge=0.0)
+    lease_margin_s: float = Field(60.0, gt=0.0)
+    """A job's lease lasts its timeout plus this; a runner silent that long is presumed dead and its job
+    is run again."""
+
+
+class RewardsConfig(BaseModel):
+    """Reward hooks: which label which sessions, and how they run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hooks: list[HookSpec] = Field(default_factory=list)
+    """Hooks on every session created through the RL API or AReaL's routes that names none of its own."""
+    group_hooks: list[HookSpec] = Field(default_factory=list)
+    """Hooks on every group that names none of its own, run once all of its sessions have ended."""
+    online_hooks: list[HookSpec] = Field(default_factory=list)
+    """Hooks on the sessions an online key's conversations make."""
+    runner: HookRunnerConfig = Field(default_factory=HookRunnerConfig)

@@ -5,7 +5,9 @@ Conventions ("individual" style, one trajectory per trainable completion):
   pause: a partial answer the agent never saw whole), it has no output tokens (nothing to train on), or
   an output token has a negative (unknown) policy version.
 - Rewards on one target (the session, or one completion) combine as: per source, the latest value wins
-  (a client re-posting a reward corrects it); different sources add up (a verifier plus a format hook).
+  (a client re-posting a reward corrects it); a client's sources add up, reward hooks' sources (`hook:…`)
+  add up (each already weighted by its hook's weight), and the two sides combine by the finalizer's
+  `rest_and_hooks` rule: by default a client's reward wins where there is one.
 - Per-turn reward `r_i` of the i-th trainable completion in call order is its own combined reward (0 if
   none); the session reward is added to the last trainable completion's `r`. A reward on a completion
   that is not trainable is ignored (the finalizer logs it).
@@ -23,13 +25,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from rewards.hooks.spec import SOURCE_PREFIX
 from storage.packing import IntArray
 from storage.records import CompletionRecord, TrajectoryRecord
 
 ABORT_FINISH_REASON = "abort"
+
+RestAndHooks = Literal["rest_wins", "hooks_win", "sum"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,19 +60,36 @@ class SessionRewards:
         return self.session is None and not self.completions
 
 
-def combine_rewards(entries: Sequence[RewardEntry]) -> SessionRewards:
-    """Per target, the latest value of each source, summed over sources (`entries` in arrival order)."""
+def combine_rewards(
+    entries: Sequence[RewardEntry], rest_and_hooks: RestAndHooks = "rest_wins"
+) -> SessionRewards:
+    """Per target: the latest value of each source; a client's sources summed, hooks' sources summed (their
+    values are weighted already), and the two combined by `rest_and_hooks` (`entries` in arrival order)."""
     latest: dict[tuple[str | None, str], float] = {}
     for entry in entries:
         latest[(entry.completion_id, entry.source)] = float(entry.value)
-    session: float | None = None
-    completions: dict[str, float] = {}
-    for (completion_id, _source), value in latest.items():
-        if completion_id is None:
-            session = value if session is None else session + value
-        else:
-            completions[completion_id] = completions.get(completion_id, 0.0) + value
-    return SessionRewards(session=session, completions=completions)
+    client: dict[str | None, float] = {}
+    hooks: dict[str | None, float] = {}
+    for (target, source), value in latest.items():
+        side = hooks if source.startswith(SOURCE_PREFIX) else client
+        side[target] = side.get(target, 0.0) + value
+    combined: dict[str | None, float] = {}
+    for target in client.keys() | hooks.keys():
+        combined[target] = _combine(client.get(target), hooks.get(target), rest_and_hooks)
+    session = combined.pop(None, None)
+    return SessionRewards(session=session, completions={k: v for k, v in combined.items() if k is not None})
+
+
+def _combine(client: float | None, hooks: float | None, rule: RestAndHooks) -> float:
+    if client is None or hooks is None:
+        value = client if hooks is None else hooks
+        assert value is not None
+        return value
+    if rule == "rest_wins":
+        return client
+    if rule == "hooks_win":
+        return hooks
+    return client + hooks
 
 
 def is_trainable(completion: CompletionRecord) -> bool:

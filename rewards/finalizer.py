@@ -8,11 +8,14 @@ by the finalization that follows it (a reward arriving after it is refused by th
 
 When a session is finalized:
 - on request (`finalize`, or `schedule(now=True)` — AReaL's end_session): now, with what it has;
-- `schedule(session_id)` after an end or a reward: when it has ended and is ready (`rewards.finalize.
-  is_ready`: a session reward, or a reward on every trainable completion);
+- `schedule(session_id)` after an end, a reward or its hooks settling: when it has ended and is ready
+  (`rewards.finalize.is_ready`: a session reward, or a reward on every trainable completion; a session
+  with reward hooks: once they have all settled, done or failed);
 - by the sweep: ended sessions that are ready (catching up after a restart), ended sessions that waited
   `reward_grace_s` for a reward, and sessions still active `session_ttl_s` after creation (ended first).
-A session finalized without any reward follows `missing_reward` ("zero" or "drop"), with a warning.
+A session finalized without any reward follows `missing_reward` ("zero" or "drop"), with a warning. A
+session whose reward hooks (or its group's) have not settled is never finalized, on request or by the
+sweep: its trajectories would lack their rewards.
 
 Calls still in flight: before an ended session is finalized, the process's `CallsInFlight` (the proxy's)
 closes it to new calls and the finalization waits until the calls that had started are recorded, so an
@@ -45,6 +48,7 @@ from storage.errors import is_unavailable
 from storage.models import Completion, Session, SessionStatus
 from storage.queries import SessionChangedError, end_session, insert_trajectories
 from storage.records import TrajectoryRecord
+from storage.reward_jobs import hooks_pending
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +105,9 @@ class SessionFinalizer:
                 del self._guards[session_id]
 
     async def finalize(self, session_id: str) -> int:
-        """Finalize an ended session now, with whatever rewards it has. Returns the number of
-        trajectories written: 0 if it was finalized already (by anyone) or yields none.
+        """Finalize an ended session now, with whatever rewards it has, unless its reward hooks are still
+        running (it is finalized once they settle). Returns the number of trajectories written: 0 if it was
+        finalized already (by anyone), yields none, or waits for its hooks.
         LookupError for an unknown session, SessionActiveError for one not ended."""
         await self._drain(session_id)
         async with self.session_guard(session_id):
@@ -217,7 +222,7 @@ class SessionFinalizer:
             ended = (
                 await db.execute(
                     select(Session.id, Session.ended_at)
-                    .where(Session.status == SessionStatus.ENDED.value)
+                    .where(Session.status == SessionStatus.ENDED.value, ~hooks_pending())
                     .order_by(Session.ended_at)
                     .limit(_SWEEP_BATCH)
                 )
@@ -235,9 +240,11 @@ class SessionFinalizer:
             if require_ready:
                 return None
             raise SessionActiveError(f"session {session_id} is still active: end it before finalizing")
-        rewards = combine_rewards(snapshot.reward_entries())
+        if snapshot.hooks_pending:  # not trainable yet: the runner's settling finalizes it (or the sweep)
+            return None
+        rewards = combine_rewards(snapshot.reward_entries(), self.config.rest_and_hooks)
         trainable = [c.id for c in snapshot.completions if is_trainable(c)]
-        if require_ready and not is_ready(rewards, trainable):
+        if require_ready and not snapshot.has_hooks and not is_ready(rewards, trainable):
             return None
         trajectories = await asyncio.to_thread(self._trajectories, snapshot)
         try:
@@ -247,7 +254,7 @@ class SessionFinalizer:
             return await self._finalize_locked(session_id, require_ready=require_ready)
 
     def _trajectories(self, snapshot: SessionSnapshot) -> list[TrajectoryRecord]:
-        rewards = combine_rewards(snapshot.reward_entries())
+        rewards = combine_rewards(snapshot.reward_entries(), self.config.rest_and_hooks)
         trainable = {c.id for c in snapshot.completions if is_trainable(c)}
         excluded = len(snapshot.completions) - len(trainable)
         ignored = sorted(set(rewards.completions) - trainable)

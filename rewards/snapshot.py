@@ -16,6 +16,7 @@ from storage.engine import SessionFactory
 from storage.models import Completion, Reward, Session
 from storage.queries import completion_record
 from storage.records import CompletionRecord
+from storage.reward_jobs import has_hooks, hooks_pending
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +47,11 @@ class SessionSnapshot:
     ended_at: datetime | None
     completions: tuple[CompletionRecord, ...]  # call order: created_at, then id
     rewards: tuple[StoredReward, ...]  # arrival order
+    has_hooks: bool = False
+    """Reward hooks label it (its own or its group's)."""
+    hooks_pending: bool = False
+    """One of those hooks has not settled yet (its group's have not even been queued while the group has
+    sessions still active)."""
 
     def reward_entries(self) -> list[RewardEntry]:
         return [reward.entry() for reward in self.rewards]
@@ -64,6 +70,9 @@ async def load_session_snapshot(session_factory: SessionFactory, session_id: str
             return None
         completions = await _completions(db, session_id)
         rewards = await _rewards(db, session_id)
+        hooks = (
+            await db.execute(select(has_hooks(), hooks_pending()).where(Session.id == session_id))
+        ).one()
     return SessionSnapshot(
         id=session.id,
         status=session.status,
@@ -74,6 +83,8 @@ async def load_session_snapshot(session_factory: SessionFactory, session_id: str
         ended_at=None if session.ended_at is None else as_utc(session.ended_at),
         completions=tuple(completions),
         rewards=tuple(rewards),
+        has_hooks=bool(hooks[0]),
+        hooks_pending=bool(hooks[1]),
     )
 
 
