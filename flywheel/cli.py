@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from flywheel.config import ConfigError, FlywheelConfig, load_config
+from rewards.hooks.adapters import HookConfigError
 from storage.config import StorageSetupError
 
 if TYPE_CHECKING:
@@ -44,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     command("proxy", "run the OpenAI-compatible proxy and the RL control API")
     command("trainer", "run the Ray trainer: claim rewarded trajectories, train, push weights")
     command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
+    rewards = command("rewards", "reward hooks: run their jobs in this process, or list them")
+    reward_actions = rewards.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run_hooks = reward_actions.add_parser(
+        "run", help="claim and run reward hook jobs until Ctrl-C (set rewards.runner.in_proxy=false)",
+        description="claim and run reward hook jobs until Ctrl-C; several may share one database",
+    )
+    run_hooks.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    reward_actions.add_parser("hooks", help="list the built-in reward hooks",
+                              description="the built-in reward hooks")
     keys = command("keys", "API keys: create, list, revoke")
     key_actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = key_actions.add_parser("create", help="a new key, printed once", description="a new key")
@@ -98,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StorageSetupError as exc:  # the database cannot be used as configured: say what to do
         print(f"flywheel: {exc}", file=sys.stderr)
         return 1
+    except HookConfigError as exc:  # a configured reward hook cannot be used
+        print(f"flywheel: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run_engine(config: FlywheelConfig, args: argparse.Namespace) -> int:
@@ -130,8 +143,12 @@ def _run_proxy(config: FlywheelConfig, args: argparse.Namespace) -> int:
     _check_storage(config)
     load_key_hasher(config.storage)  # a missing key secret, said here rather than in a startup traceback
     from proxy.server import run_proxy
+    from proxy.services import check_hooks
+    from rewards.hooks.registry import HookRegistry
 
-    run_proxy(config.proxy, config.storage, config.serving)
+    check_hooks(HookRegistry.built_in(), config.rewards)  # likewise a configured hook that cannot be used
+
+    run_proxy(config.proxy, config.storage, config.serving, config.rewards)
     return 0
 
 
@@ -238,6 +255,18 @@ def _key_table(keys: Sequence[KeyInfo]) -> str:
                      for row in rows)
 
 
+def _run_rewards(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from flywheel.rewards_cli import list_hooks, run_hooks
+
+    if args.action == "hooks":
+        print(list_hooks())
+        return 0
+    _check_storage(config)
+    return asyncio.run(run_hooks(config, args.metrics_port))
+
+
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
     from flywheel.demo import run_demo
 
@@ -276,6 +305,7 @@ _HANDLERS = {
     "trainer": _run_trainer,
     "up": _run_up,
     "keys": _run_keys,
+    "rewards": _run_rewards,
     "demo": _run_demo,
     "db": _run_db,
     "config": _print_config,

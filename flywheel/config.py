@@ -18,6 +18,7 @@ from pydantic_settings import (
 )
 
 from proxy.config import ProxyConfig
+from rewards.config import RewardsConfig
 from serving.config import ServingConfig
 from storage.config import StorageConfig
 from trainer.config import TrainerConfig
@@ -86,6 +87,7 @@ class FlywheelConfig(BaseSettings):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
 

@@ -21,18 +21,22 @@ from proxy.openai.routes import build_openai_router, hot_routes
 from proxy.request_context import RequestContextMiddleware
 from proxy.rl.routes import build_rl_router
 from proxy.services import ProxyServices, build_services, get_services
+from rewards.config import RewardsConfig
 from serving.config import ServingConfig
 from storage.config import StorageConfig
 
 logger = logging.getLogger(__name__)
 
 
-def create_proxy_app(proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig) -> ProxyApp:
-    """The proxy app; its services (database, tokenizer, workers, recorder, finalizer) start with it."""
+def create_proxy_app(
+    proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig, rewards: RewardsConfig | None = None
+) -> ProxyApp:
+    """The proxy app; its services (database, tokenizer, workers, recorder, finalizer, reward hooks) start
+    with it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build_services(proxy, storage, serving) as services:
+        async with build_services(proxy, storage, serving, rewards) as services:
             app.state.services = services
             yield
 

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from proxy.app import create_proxy_app
 from proxy.config import ProxyConfig
+from rewards.config import RewardsConfig
 from serving.config import ServingConfig
 from serving.threaded_server import free_port, serve_config_in_thread
 from storage.config import StorageConfig
@@ -35,10 +36,11 @@ def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str) -> uvico
 
 
 def run_proxy(
-    proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig
+    proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig,
+    rewards_config: RewardsConfig | None = None,
 ) -> None:
     """Serve the proxy on `proxy_config.host:port` until interrupted."""
-    app = create_proxy_app(proxy_config, storage_config, serving_config)
+    app = create_proxy_app(proxy_config, storage_config, serving_config, rewards_config)
     logger.info("proxy listening on http://%s:%d (agents use %s)", proxy_config.host, proxy_config.port,
                 proxy_config.base_url())
     uvicorn.Server(_uvicorn_config(app, proxy_config.host, proxy_config.port, "info")).run()
@@ -46,11 +48,11 @@ def run_proxy(
 
 def serve_proxy_in_thread(
     proxy_config: ProxyConfig, storage_config: StorageConfig, serving_config: ServingConfig,
-    startup_timeout_s: float = 120.0,
+    startup_timeout_s: float = 120.0, rewards_config: RewardsConfig | None = None,
 ) -> AbstractContextManager[str]:
     """Run the proxy under uvicorn in a daemon thread on `proxy_config.host` (port 0 picks a free
     one); yield its base URL (without /v1); shut it down, letting streams finish recording, on exit."""
     host, port = proxy_config.host, proxy_config.port or free_port(proxy_config.host)
     proxy_config = proxy_config.model_copy(update={"port": port})
-    app = create_proxy_app(proxy_config, storage_config, serving_config)
+    app = create_proxy_app(proxy_config, storage_config, serving_config, rewards_config)
     return serve_config_in_thread(_uvicorn_config(app, host, port, "warning"), startup_timeout_s)

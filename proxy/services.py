@@ -13,6 +13,8 @@ The parts, and what each is given (none of them sees this container):
   the background while the services live; it waits for a session's `calls` still in flight;
 - `database`: the circuit that refuses new work with 503 while the database is unreachable;
 - `limiter`: each key's rate limit and daily token quota (proxy/rate_limits.py);
+- `hooks`, `hook_runner`: the reward hooks sessions may name, and the runner that labels ended sessions
+  with them in this process (rewards/runner.py), unless `flywheel rewards` processes do;
 - `background`: tasks that outlive a request (a stream's recording after its client left), awaited at
   shutdown; `health_checks` of the workers run while the services live.
 """
@@ -23,7 +25,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +44,11 @@ from proxy.recording.indexing import IndexingRecorder
 from proxy.sessions import SessionCalls
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
 from proxy.workers.routing import Balancer, RoutingPolicy, health_checks
+from rewards.config import RewardsConfig
 from rewards.finalizer import SessionFinalizer
+from rewards.hooks.registry import HookRegistry
+from rewards.metrics import HookMetrics
+from rewards.runner import HookRunner
 from serving.client import WorkerPool
 from serving.config import ServingConfig
 from serving.models.loading import default_cache_dir, resolve_model_dir
@@ -103,6 +109,11 @@ class ProxyServices:
     database: DatabaseCircuit
     limiter: KeyLimiter
     background: Background
+    rewards: RewardsConfig
+    hooks: HookRegistry
+    """The reward hooks this proxy knows: what sessions may name, checked when they are created."""
+    hook_runner: HookRunner | None
+    """Runs reward hook jobs in this process (`rewards.runner.in_proxy`), else None."""
     started_at: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -129,13 +140,24 @@ def routing_policy(proxy: ProxyConfig) -> RoutingPolicy:
     )
 
 
+def check_hooks(registry: HookRegistry, rewards: RewardsConfig) -> None:
+    """The configured hooks resolve (a HookConfigError, naming the nearest valid hook, stops the proxy)."""
+    registry.check(rewards.hooks, "session")
+    registry.check(rewards.online_hooks, "session")
+    registry.check(rewards.group_hooks, "group")
+
+
 @asynccontextmanager
 async def build_services(
-    proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig
+    proxy: ProxyConfig, storage: StorageConfig, serving: ServingConfig, rewards: RewardsConfig | None = None
 ) -> AsyncIterator[ProxyServices]:
-    """Open the database, load the tokenizer, connect the workers, start the recorder, the finalizer
-    and the health checks; undo it all on exit (after in-flight recordings finish). A database not at
-    this Flywheel's schema, or without a key secret, stops it before it serves anything."""
+    """Open the database, load the tokenizer, connect the workers, start the recorder, the finalizer,
+    the reward hook runner and the health checks; undo it all on exit (after in-flight recordings
+    finish). A database not at this Flywheel's schema, a missing key secret, or a configured reward hook
+    that cannot be used stops it before it serves anything."""
+    rewards = rewards or RewardsConfig()
+    hooks = await asyncio.to_thread(HookRegistry.built_in)
+    check_hooks(hooks, rewards)
     await asyncio.to_thread(ensure_schema, storage, upgrade_sqlite=False)
     key_hasher = await asyncio.to_thread(load_key_hasher, storage)
     metrics = ProxyMetrics()
@@ -157,6 +179,13 @@ async def build_services(
     background = Background()
     database = DatabaseCircuit(engine, metrics, proxy.database_retry_after_s, proxy.database_probe_interval_s)
     calls = SessionCalls()
+    finalizer = SessionFinalizer(session_factory, proxy.finalizer, calls)
+    hook_runner = None
+    if rewards.runner.in_proxy:
+        hook_runner = HookRunner(
+            session_factory, hooks, rewards.runner, metrics=HookMetrics(metrics.registry),
+            on_settled=lambda ids: _finalize_when_ready(finalizer, ids),
+        )
     services = ProxyServices(
         config=proxy,
         engine=engine,
@@ -173,11 +202,14 @@ async def build_services(
                           proxy.drift_check_every),
         recorder=IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations,
                                   proxy.record_retry_s, database.failed),
-        finalizer=SessionFinalizer(session_factory, proxy.finalizer, calls),
+        finalizer=finalizer,
         calls=calls,
         database=database,
         limiter=KeyLimiter(proxy.rate_limits, session_factory),
         background=background,
+        rewards=rewards,
+        hooks=hooks,
+        hook_runner=hook_runner,
     )
     logger.info(
         "proxy serving %s (context %d tokens) through %d worker(s): %s",
@@ -196,6 +228,13 @@ async def build_services(
         stack.push_async_callback(services.recorder.stop)
         stack.push_async_callback(background.drain, _SHUTDOWN_GRACE_S)
         await stack.enter_async_context(services.finalizer.running())
+        if hook_runner is not None:  # stops (handing its running jobs back) before the finalizer does
+            await stack.enter_async_context(hook_runner.running())
         await stack.enter_async_context(services.limiter.tokens.flushing())
         await stack.enter_async_context(health_checks(balancer, proxy.health_check_interval_s))
         yield services
+
+
+def _finalize_when_ready(finalizer: SessionFinalizer, session_ids: Sequence[str]) -> None:
+    for session_id in session_ids:
+        finalizer.schedule(session_id)

@@ -34,12 +34,13 @@ def new_group_id() -> str:
 
 async def create_hidden_session(
     session_factory: SessionFactory, origin: Origin, owner_key_hash: str | None = None,
-    session_id: str | None = None,
+    session_id: str | None = None, reward_hooks: list[dict[str, Any]] | None = None,
 ) -> str:
     """Create a session (`session_id`, else a new id) for a call that has none (metadata `origin`);
     return its id. `owner_key_hash`: the online key that owns it (and may reward and end it). Nobody
     rewards a one-off admin call, so its session is never trained on (`missing_reward: drop`, which the
-    finalizer honours)."""
+    finalizer honours), nor are its hooks run; an online conversation's session is labelled by
+    `reward_hooks`."""
     session_id = session_id or new_session_id()
     metadata: dict[str, Any] = {"origin": origin}
     if origin == ADMIN_CALL_ORIGIN:
@@ -48,7 +49,7 @@ async def create_hidden_session(
     # nobody can ever present it.
     await create_session(session_factory, SessionRecord(
         id=session_id, key_hash=secrets.token_hex(32), metadata=metadata,
-        owner_key_hash=owner_key_hash,
+        owner_key_hash=owner_key_hash, reward_hooks=None if origin == ADMIN_CALL_ORIGIN else reward_hooks,
     ))
     logger.debug("session %s opened for a call (%s)", session_id, origin)
     return session_id

@@ -50,6 +50,7 @@ from proxy.sessions import ADMIN_CALL_ORIGIN, ONLINE_ORIGIN, Origin, create_hidd
 from proxy.workers.calls import generate, open_stream
 from proxy.workers.plan import ChoiceResult, GenerationPlan, SamplingRequest, plan_generation
 from proxy.workers.resume_stream import ResumingStream
+from rewards.hooks.spec import stored_hooks
 from storage.queries import end_session
 from storage.records import CompletionRecord
 
@@ -241,7 +242,12 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
     try:
         if session.is_new:
             assert session.origin is not None
-            await create_hidden_session(services.session_factory, session.origin, session.owner, session.id)
+            hooks = None
+            if session.origin == ONLINE_ORIGIN:
+                rewards = services.rewards
+                hooks = stored_hooks(rewards.online_hooks, rewards.runner.max_attempts)
+            await create_hidden_session(services.session_factory, session.origin, session.owner, session.id,
+                                        hooks)
         end = _SessionEnd(services, session.id) if session.one_off else None
         headers = {SESSION_HEADER: session.id}
         if call.streaming:

@@ -19,6 +19,7 @@ from proxy.errors import OpenAIError, describe_validation_errors
 from proxy.rl.schemas import (
     CompletionSummary,
     EndSessionResponse,
+    HookJobView,
     KeyView,
     RewardResponse,
     RewardSummary,
@@ -26,7 +27,10 @@ from proxy.rl.schemas import (
 )
 from proxy.services import ProxyServices
 from proxy.sessions import new_group_id, new_session_id
-from rewards.snapshot import load_session_snapshot
+from rewards.hooks.adapters import HookConfigError
+from rewards.hooks.contract import HookLevel
+from rewards.hooks.spec import HookSpec, stored_hooks
+from rewards.snapshot import as_utc, load_session_snapshot
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
@@ -37,6 +41,7 @@ from storage.queries import (
     end_session,
 )
 from storage.records import CompletionRecord, GroupRecord, SessionRecord
+from storage.reward_jobs import jobs_of_session
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +101,36 @@ def _not_found(kind: str, ident: str) -> OpenAIError:
     return OpenAIError(404, f"No {kind} {ident!r}.", "invalid_request_error", code=f"{kind}_not_found")
 
 
+def reward_hooks(
+    services: ProxyServices, requested: HookSpec | list[HookSpec] | None, level: HookLevel,
+    param: str = "reward",
+) -> list[dict[str, Any]] | None:
+    """The hooks a new session (or group) is labelled by, as stored on its row: those it names, else the
+    configured ones. 400 for a hook that cannot be used (unknown, with the nearest name; bad arguments)."""
+    rewards = services.rewards
+    if requested is None:
+        specs = rewards.group_hooks if level == "group" else rewards.hooks
+    else:
+        specs = [requested] if isinstance(requested, HookSpec) else list(requested)
+    try:
+        services.hooks.check(specs, level)
+    except HookConfigError as exc:
+        raise OpenAIError(
+            400, str(exc), "invalid_request_error", param=param, code="invalid_reward_hook"
+        ) from None
+    return stored_hooks(specs, rewards.runner.max_attempts)
+
+
 async def start_session(
     services: ProxyServices, *, task: Any, group_id: str | None, metadata: dict[str, Any],
-    api_key: str | None = None,
+    api_key: str | None = None, hooks: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
-    """A new session and its key (`api_key` if given, else a fresh one); 404 for an unknown group,
-    409 for a full one."""
+    """A new session and its key (`api_key` if given, else a fresh one), labelled by `hooks` once it ends
+    (`reward_hooks`); 404 for an unknown group, 409 for a full one."""
     session_id, key = new_session_id(), api_key or generate_api_key(SESSION_KEY_PREFIX)
     record = SessionRecord(
-        id=session_id, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task, metadata=metadata
+        id=session_id, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task,
+        metadata=metadata, reward_hooks=hooks,
     )
     try:
         await create_session(services.session_factory, record)
@@ -116,15 +142,21 @@ async def start_session(
     return session_id, key
 
 
-async def start_group(services: ProxyServices, *, size: int, task: Any) -> tuple[str, list[tuple[str, str]]]:
-    """A group and all `size` of its sessions, in one transaction."""
+async def start_group(
+    services: ProxyServices, *, size: int, task: Any, hooks: list[dict[str, Any]] | None = None,
+    group_hooks: list[dict[str, Any]] | None = None,
+) -> tuple[str, list[tuple[str, str]]]:
+    """A group and all `size` of its sessions, in one transaction: each session labelled by `hooks`, the
+    group by `group_hooks` once all have ended."""
     group_id = new_group_id()
     members = [(new_session_id(), generate_api_key(SESSION_KEY_PREFIX)) for _ in range(size)]
     records = [
-        SessionRecord(id=sid, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task)
+        SessionRecord(id=sid, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task,
+                      reward_hooks=hooks)
         for sid, key in members
     ]
-    await create_group(services.session_factory, GroupRecord(id=group_id, size=size, task=task), records)
+    group = GroupRecord(id=group_id, size=size, task=task, reward_hooks=group_hooks)
+    await create_group(services.session_factory, group, records)
     logger.info("group %s started with %d sessions", group_id, size)
     return group_id, members
 
@@ -186,6 +218,8 @@ async def end(
     status = SessionStatus.ENDED.value
     if not ended:
         status = await session_status(services.session_factory, session_id)
+    elif services.hook_runner is not None:
+        services.hook_runner.wake()  # its hooks' jobs were queued with its end
     if status == SessionStatus.ENDED.value:
         finalizer.schedule(session_id, now=finalize_now)
     if ended:
@@ -197,6 +231,8 @@ async def end_and_finalize(services: ProxyServices, session_id: str) -> int:
     """End a session if it is still active and finalize it now, waiting for it (AReaL's key reuse)."""
     if await end_session(services.session_factory, session_id):
         logger.info("session %s ended: its key is reused", session_id)
+        if services.hook_runner is not None:
+            services.hook_runner.wake()
     return await services.finalizer.finalize(session_id)
 
 
@@ -228,6 +264,15 @@ async def describe(services: ProxyServices, principal: Principal, session_id: st
                 created_at=r.created_at.isoformat(),
             )
             for r in snapshot.rewards
+        ],
+        hooks=[
+            HookJobView(
+                level=job.level, source=job.source, state=job.state, attempts=job.attempts,
+                max_attempts=job.max_attempts, error=job.error, result=job.result,
+                created_at=as_utc(job.created_at).isoformat(),
+                finished_at=None if job.finished_at is None else as_utc(job.finished_at).isoformat(),
+            )
+            for job in await jobs_of_session(services.session_factory, session_id)
         ],
     )
 
@@ -278,7 +323,8 @@ async def rebind_key(services: ProxyServices, key: FoundKey, *, task: Any) -> st
     id. A revoked key stays revoked: the update matches only an unrevoked row."""
     session_id = new_session_id()
     async with write_transaction(services.session_factory) as db:
-        db.add(Session(id=session_id, task=task, metadata_={}))
+        db.add(Session(id=session_id, task=task, metadata_={},
+                       reward_hooks=reward_hooks(services, None, "session")))
         await db.flush()
         rebound = await db.execute(
             update(ApiKey)

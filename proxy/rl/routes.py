@@ -82,15 +82,19 @@ def build_rl_router() -> APIRouter:
 
 async def create_session(request: Request, _admin: Admin, services: Services) -> CreateSessionResponse:
     body = await ops.parse_body(request, CreateSessionRequest)
+    hooks = ops.reward_hooks(services, body.reward, "session")
     session_id, api_key = await ops.start_session(
-        services, task=body.task, group_id=body.group_id, metadata=body.metadata
+        services, task=body.task, group_id=body.group_id, metadata=body.metadata, hooks=hooks
     )
     return CreateSessionResponse(session_id=session_id, api_key=api_key, base_url=services.config.base_url())
 
 
 async def create_group(request: Request, _admin: Admin, services: Services) -> CreateGroupResponse:
     body = await ops.parse_body(request, CreateGroupRequest)
-    group_id, members = await ops.start_group(services, size=body.size, task=body.task)
+    hooks = ops.reward_hooks(services, body.reward, "session")
+    group_hooks = ops.reward_hooks(services, body.group_reward, "group", param="group_reward")
+    group_id, members = await ops.start_group(services, size=body.size, task=body.task, hooks=hooks,
+                                              group_hooks=group_hooks)
     return CreateGroupResponse(
         group_id=group_id,
         sessions=[GroupSession(session_id=sid, api_key=key) for sid, key in members],
@@ -177,20 +181,28 @@ async def areal_start_session(
     whose session is still active ends and finalizes that session first; a revoked one is a 409."""
     body = await ops.parse_body(request, ArealStartSessionRequest)
     if body.group_size is not None:
-        group_id, members = await ops.start_group(services, size=body.group_size, task=body.task_id)
+        group_id, members = await ops.start_group(
+            services, size=body.group_size, task=body.task_id,
+            hooks=ops.reward_hooks(services, None, "session"),
+            group_hooks=ops.reward_hooks(services, None, "group"),
+        )
         response.status_code = 201
         return ArealStartGroupResponse(
             group_id=group_id,
             sessions=[ArealGroupSession(session_id=sid, session_api_key=key) for sid, key in members],
         )
     if body.api_key is None:
-        session_id, api_key = await ops.start_session(services, task=body.task_id, group_id=None, metadata={})
+        session_id, api_key = await ops.start_session(
+            services, task=body.task_id, group_id=None, metadata={},
+            hooks=ops.reward_hooks(services, None, "session"),
+        )
         return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
     ops.check_client_key(body.api_key)
     owner = await ops.stored_key(services, body.api_key)
     if owner is None:
         session_id, api_key = await ops.start_session(
-            services, task=body.task_id, group_id=None, metadata={}, api_key=body.api_key
+            services, task=body.task_id, group_id=None, metadata={}, api_key=body.api_key,
+            hooks=ops.reward_hooks(services, None, "session"),
         )
         return ArealStartSessionResponse(session_id=session_id, api_key=api_key)
     old_session = owner.session_id

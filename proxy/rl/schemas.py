@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rewards.hooks.spec import HookSpec
+
 MAX_GROUP_SIZE = 1024
 """Most sessions one group may hold: a GRPO group is a handful to a few hundred attempts."""
 
@@ -14,6 +16,9 @@ RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-1e308
 database's: larger magnitudes do not fit a finite float8 check on every backend."""
 
 Identifier = Annotated[str, Field(min_length=1, max_length=64)]
+
+HookSpecs = HookSpec | Annotated[list[HookSpec], Field(max_length=16)] | None
+"""Reward hooks named at creation: one spec or a list (rewards/hooks/spec.py)."""
 
 
 class _Strict(BaseModel):
@@ -28,6 +33,10 @@ class CreateSessionRequest(_Strict):
     group_id: Identifier | None = None
     """Join this group (made by POST /rl/v1/groups with room left); 409 when it is full."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    reward: HookSpecs = None
+    """The reward hooks that label the session once it ends, e.g. `{"hook": "math"}` (the reference answer
+    in `metadata` or `task`: `{"answer": "42"}`); null: the configured `rewards.hooks`; []: none."""
+
 
 
 class CreateSessionResponse(BaseModel):
@@ -41,6 +50,11 @@ class CreateSessionResponse(BaseModel):
 class CreateGroupRequest(_Strict):
     size: Annotated[int, Field(strict=True, ge=1, le=MAX_GROUP_SIZE)]
     task: Any = None
+    reward: HookSpecs = None
+    """The reward hooks of each of its sessions; null: the configured `rewards.hooks`; []: none."""
+    group_reward: HookSpecs = None
+    """The hooks that label the group as a whole once all its sessions have ended (a judge ranking its
+    members); null: the configured `rewards.group_hooks`; []: none."""
 
 
 class GroupSession(BaseModel):
@@ -97,6 +111,23 @@ class RewardSummary(BaseModel):
     created_at: str
 
 
+class HookJobView(BaseModel):
+    """One reward hook's job on a session (or on its group)."""
+
+    level: str
+    """"session", or "group" for a hook labelling the session's whole group."""
+    source: str
+    """The source of the rewards it writes: "hook:<name>"."""
+    state: str
+    """"queued", "running", "done" (its rewards, if any, are in `rewards`) or "failed" (see `error`)."""
+    attempts: int
+    max_attempts: int
+    error: str | None
+    result: dict[str, Any] | None
+    created_at: str
+    finished_at: str | None
+
+
 class SessionView(BaseModel):
     session_id: str
     status: str
@@ -108,6 +139,8 @@ class SessionView(BaseModel):
     ended_at: str | None
     completions: list[CompletionSummary]
     rewards: list[RewardSummary]
+    hooks: list[HookJobView]
+    """The session's reward hook jobs (queued when it ended) and its group's."""
 
 
 # AReaL's proxy API (areal/experimental/openai/proxy): extra fields are ignored, as AReaL does.

@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 from proxy.auth import SESSION_KEY_PREFIX, create_admin_key, generate_api_key
 from proxy.config import ProxyConfig
 from proxy.server import serve_proxy_in_thread
+from rewards.config import RewardsConfig
 from serving.config import ClientConfig, ServingConfig
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
@@ -150,7 +151,9 @@ class ProxyFactory:
     model_dir: Path
     stack: ExitStack = field(default_factory=ExitStack)
 
-    def start(self, worker_urls: list[str], **proxy_settings: Any) -> Proxy:
+    def start(
+        self, worker_urls: list[str], rewards: RewardsConfig | None = None, **proxy_settings: Any
+    ) -> Proxy:
         hasher = key_hasher(self.db_url)
         admin_key = run_db(self.db_url, lambda factory: create_admin_key(factory, hasher))
         session_id, session_key = run_db(self.db_url, lambda factory: new_session_key(factory, hasher))
@@ -160,7 +163,8 @@ class ProxyFactory:
             client=ClientConfig(connect_timeout_s=2.0, request_timeout_s=60.0),
         )
         base_url = self.stack.enter_context(
-            serve_proxy_in_thread(ProxyConfig(**settings), storage_config(self.db_url), serving)
+            serve_proxy_in_thread(ProxyConfig(**settings), storage_config(self.db_url), serving,
+                                  rewards_config=rewards)
         )
         return Proxy(base_url, self.db_url, admin_key, session_id, session_key)
 
