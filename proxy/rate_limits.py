@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -31,6 +32,8 @@ from proxy.errors import OpenAIError
 from storage.engine import SessionFactory
 from storage.keys import KeyLimits
 from storage.usage import add_key_usage, key_usage_on
+
+_LIMITS_CACHED = 4096  # (key kind, own limits) pairs whose effective limits are kept
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +97,10 @@ class RequestRates:
         if len(self._buckets) > self._max_keys:
             del self._buckets[next(iter(self._buckets))]
         refill(bucket, rate, burst, now)
-        headers = {"x-ratelimit-limit-requests": str(int(burst)),
-                   "x-ratelimit-remaining-requests": str(max(0, int(bucket.tokens) - 1))}
         wait = wait_for_token(bucket, rate)
         if wait > 0:
-            headers["x-ratelimit-reset-requests"] = f"{wait:.3f}s"
+            headers = {"x-ratelimit-limit-requests": str(int(burst)), "x-ratelimit-remaining-requests": "0",
+                       "x-ratelimit-reset-requests": f"{wait:.3f}s"}
             raise rate_limited(f"Rate limit reached: {rate:g} requests per second for this API key (burst "
                                f"{int(burst)}). Retry after {wait:.2f} s.", wait, headers)
         bucket.tokens -= 1
@@ -178,6 +180,7 @@ class KeyLimiter:
 
     def __init__(self, config: RateLimitsConfig, session_factory: SessionFactory) -> None:
         self._config = config
+        self._limits: dict[tuple[str, KeyLimits], KeyRateLimit] = {}
         self.rates = RequestRates()
         self.tokens = DailyTokens(session_factory, config.flush_interval_s)
 
@@ -189,12 +192,19 @@ class KeyLimiter:
             self.tokens.check(key_id, limit)
             self.rates.take(key_id, limit)
 
-    def count(self, principal: Principal, tokens: int) -> None:
-        """Tokens (prompt + completion) a call of the caller's key was served: counted only for a key
-        with a daily quota, so keys without one (every session key, by default) cost no database rows."""
+    def counter(self, principal: Principal) -> Callable[[int], None] | None:
+        """What counts the tokens (prompt + completion) a call of the caller's key was served; None for a
+        key without a daily quota (every session key, by default): nothing to count, no database rows."""
         key_id = principal.key_id
-        if key_id is not None and self._limit(principal).tokens_per_day is not None:
-            self.tokens.add(key_id, tokens)
+        if key_id is None or self._limit(principal).tokens_per_day is None:
+            return None
+        return functools.partial(self.tokens.add, key_id)
 
     def _limit(self, principal: Principal) -> KeyRateLimit:
-        return effective_limit(self._config.of(principal.scope), principal.limits)
+        found = self._limits.get((principal.scope, principal.limits))
+        if found is None:  # few distinct (kind, own limits) pairs: computed once each, not per call
+            found = effective_limit(self._config.of(principal.scope), principal.limits)
+            if len(self._limits) >= _LIMITS_CACHED:
+                self._limits.clear()
+            self._limits[(principal.scope, principal.limits)] = found
+        return found

@@ -226,9 +226,7 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
     services: ProxyServices = request.app.state.services
     limiter = services.limiter
     limiter.admit(principal)  # 429 for a key over its rate or its tokens of the day, before any work
-
-    def count_tokens(tokens: int) -> None:
-        limiter.count(principal, tokens)
+    count_tokens = limiter.counter(principal)  # None: the key has no daily quota, nothing to count
 
     config = services.config
     request_json, body, large = await parsed_body(request, api.body_model, config.limits,
@@ -266,7 +264,8 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
 
 
 async def _answer(
-    services: ProxyServices, call: PlannedCall, headers: dict[str, str], count_tokens: Callable[[int], None]
+    services: ProxyServices, call: PlannedCall, headers: dict[str, str],
+    count_tokens: Callable[[int], None] | None,
 ) -> Response:
     """Generate every part, record every completion, then answer; 500 (and no answer) if the
     completions could not be recorded."""
@@ -283,13 +282,14 @@ async def _answer(
         await services.recorder.record(records, keys, prompt_tokens)
     except Exception as exc:
         raise record_failed(exc, services.database.retry_after_s) from exc
-    count_tokens(prompt_tokens + sum(len(record.output_ids) for record in records))
+    if count_tokens is not None:
+        count_tokens(prompt_tokens + sum(len(record.output_ids) for record in records))
     return Response(msgspec.json.encode(response), media_type="application/json", headers=headers)
 
 
 async def _stream(
     services: ProxyServices, call: PlannedCall, end: _SessionEnd | None, headers: dict[str, str],
-    on_finished: Callable[[], None], count_tokens: Callable[[int], None],
+    on_finished: Callable[[], None], count_tokens: Callable[[int], None] | None,
 ) -> Response:
     """Open one worker stream per part (if one cannot be opened, those already open are closed and the
     call fails as a whole), then answer with their events as they come."""

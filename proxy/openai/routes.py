@@ -3,6 +3,7 @@ AReaL offers, at the root) and the model list. Every route needs a key (`require
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
@@ -13,7 +14,7 @@ from proxy.errors import OpenAIError
 from proxy.hot_routes import Endpoint
 from proxy.openai.chat import ChatApi
 from proxy.openai.completions import CompletionsApi
-from proxy.openai.pipeline import Api, endpoint
+from proxy.openai.pipeline import Api, endpoint, serve_call
 from proxy.openai.responses.api import ResponsesApi, retrieve_response
 from proxy.services import ProxyServices, get_services
 
@@ -24,7 +25,8 @@ def hot_routes() -> dict[str, Endpoint]:
     """The routes `ProxyApp` serves ahead of FastAPI (proxy/hot_routes.py): the inference POSTs, under
     /v1 and at the root, each an API on the one call pipeline (proxy/openai/pipeline.py), which takes the
     raw request (proxy/openai/request_body.py)."""
-    return {path: endpoint(api) for path, api in _hot_apis().items()}
+    # Straight to the pipeline (a partial, not `endpoint`'s wrapper): one coroutine frame less per call.
+    return {path: functools.partial(serve_call, api=api) for path, api in _hot_apis().items()}
 
 
 def _hot_apis() -> dict[str, Api[Any]]:

@@ -54,8 +54,9 @@ class StreamServices:
     spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]
     retry_after_s: float
     """The Retry-After of a record that failed because the database is down."""
-    count_tokens: Callable[[int], None]
-    """Counts the tokens a recorded generation served against its caller's key (its daily quota)."""
+    count_tokens: Callable[[int], None] | None
+    """Counts the tokens a recorded generation served against its caller's key's daily quota; None for a
+    key without one."""
 
 
 def record_failed(exc: BaseException, retry_after_s: float) -> OpenAIError:
@@ -321,7 +322,9 @@ class GenerationStream:
             # An error event instead of the stream's end: no client reports it as a completed answer.
             self._fail(record_failed(exc, self.services.retry_after_s), exc)
             return False
-        self.services.count_tokens(len(self.plan.prompt_ids) + sum(len(r.output_ids) for r in results))
+        count_tokens = self.services.count_tokens
+        if count_tokens is not None:
+            count_tokens(len(self.plan.prompt_ids) + sum(len(r.output_ids) for r in results))
         await self._body.recorded()
         return True
 

@@ -115,7 +115,10 @@ class Recorder:
         records = [record for pending in batch for record in pending.records]
         started = time.perf_counter()
         try:
-            await self._write_through_outage(records)
+            try:
+                await self._writer.write(records)
+            except Exception as first:
+                await self._write_through_outage(records, first)
         except Exception as exc:
             if len(batch) == 1 or is_unavailable(exc):
                 for pending in batch:
@@ -132,27 +135,30 @@ class Recorder:
             if not pending.done.done():
                 pending.done.set_result(None)
 
-    async def _write_through_outage(self, records: list[CompletionRecord]) -> None:
-        """Write `records`; while the database is unavailable, again and again for up to `retry_s`."""
+    async def _write_through_outage(self, records: list[CompletionRecord], first: Exception) -> None:
+        """After writing `records` failed with `first`: while the database is unavailable, write them again
+        and again for up to `retry_s`; any other error is raised."""
         deadline: float | None = None
         delay = _FIRST_BACKOFF_S
+        exc = first
         while True:
+            # After a lost connection the server may have committed the write: then it is done.
+            if deadline is not None and is_duplicate(exc) and await self._all_written(records):
+                return
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + self._retry_s
+            if not is_unavailable(exc) or now >= deadline:
+                raise exc
+            if self._on_unavailable is not None:
+                self._on_unavailable(exc)
+            logger.warning("recording %d completion(s) waits for the database: %s", len(records), exc)
+            await asyncio.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _MAX_BACKOFF_S)
             try:
                 await self._writer.write(records)
                 return
-            except Exception as exc:
-                # After a lost connection the server may have committed the write: then it is done.
-                if deadline is not None and is_duplicate(exc) and await self._all_written(records):
-                    return
-                now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self._retry_s
-                if not is_unavailable(exc) or now >= deadline:
-                    raise
-                if self._on_unavailable is not None:
-                    self._on_unavailable(exc)
-                logger.warning("recording %d completion(s) waits for the database: %s", len(records), exc)
-                await asyncio.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, _MAX_BACKOFF_S)
+            except Exception as again:
+                exc = again
 
     async def _all_written(self, records: list[CompletionRecord]) -> bool:
         ids = [record.id for record in records]

@@ -127,7 +127,8 @@ def plan_generation(
     room = tokenizer.context_length - len(prompt_ids)
     if room < 1:
         raise context_length_error(tokenizer.context_length, len(prompt_ids), prompt_param)
-    check_logit_bias(body.logit_bias, tokenizer.vocab_size)
+    if body.logit_bias:
+        check_logit_bias(body.logit_bias, tokenizer.vocab_size)
     requested = body.requested_max_tokens()
     # A max_tokens beyond the room left is lowered to fit, as agents ask for more than small models have.
     max_new_tokens = min(requested if requested is not None else default_max_tokens, room)
