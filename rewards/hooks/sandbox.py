@@ -29,7 +29,7 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 KilledBy = Literal["cpu", "memory", "wall"]
 
@@ -184,23 +184,22 @@ def _describe(result: SandboxResult) -> str:
 
 
 async def _execute(mode: SandboxMode, source: str, limits: _Limits, stdin: str) -> SandboxResult:
-    scratch = _prepare_scratch(source, mode.drop_root)
+    scratch = tempfile.mkdtemp(prefix="flywheel-sandbox-")
     try:
+        _write_program(scratch, source, mode.drop_root)
         return await _spawn_and_wait(mode, scratch, limits, stdin)
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
-def _prepare_scratch(source: str, drop_root: bool) -> str:
-    """A fresh directory holding the program; owned by `nobody` when the program will run as it."""
-    scratch = tempfile.mkdtemp(prefix="flywheel-sandbox-")
+def _write_program(scratch: str, source: str, drop_root: bool) -> None:
+    """Put the program in the scratch directory; both are `nobody`'s when the program will run as it."""
     program = os.path.join(scratch, _PROGRAM)
     with open(program, "w", encoding="utf-8") as handle:
         handle.write(source)
     if drop_root and os.geteuid() == 0:
         os.chown(scratch, NOBODY, NOBODY)
         os.chown(program, NOBODY, NOBODY)
-    return scratch
 
 
 def _environment() -> dict[str, str]:
@@ -223,61 +222,75 @@ def _command(mode: SandboxMode, status_fd: int, scratch: str, limits: _Limits) -
 
 
 async def _spawn_and_wait(mode: SandboxMode, scratch: str, limits: _Limits, stdin: str) -> SandboxResult:
-    status_read, status_write = os.pipe()
-    try:
-        status_pipe = os.fdopen(status_read, "rb", buffering=0)
-    except BaseException:
-        os.close(status_read)
-        os.close(status_write)
-        raise
-    with status_pipe:
+    """Start the bootstrap with pipes of our own for its output and status (the event loop's subprocess
+    pipes would keep `wait()` waiting for every process holding them) and supervise it."""
+    with contextlib.ExitStack() as stack:
+        stdin_file = stack.enter_context(tempfile.TemporaryFile())
+        stdin_file.write(stdin.encode())
+        stdin_file.seek(0)
+        (status_pipe, status_write), (out_pipe, out_write), (err_pipe, err_write) = (
+            _pipe(stack) for _ in range(3)
+        )
         try:
             process = await asyncio.create_subprocess_exec(
                 *_command(mode, status_write, scratch, limits),
                 cwd=scratch,
                 env=_environment(),
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdin=stdin_file,
+                stdout=out_write,
+                stderr=err_write,
                 start_new_session=True,
                 pass_fds=(status_write,),
             )
         finally:
-            os.close(status_write)
-        report, outputs, wall_killed = await _supervise(process, status_pipe, limits.wall_s, stdin)
+            for fd in (status_write, out_write, err_write):
+                os.close(fd)
+        report, outputs, wall_killed = await _supervise(
+            process, (status_pipe, out_pipe, err_pipe), limits.wall_s
+        )
     status = None if wall_killed else _parse_status(report)
     stdout, stderr = (_decode(output) for output in outputs)
     return _result(status, process.returncode, stdout, stderr, wall_killed, limits)
 
 
+def _pipe(stack: contextlib.ExitStack) -> tuple[BinaryIO, int]:
+    """A pipe: its read end as a file the stack closes, and its write end's descriptor."""
+    read_fd, write_fd = os.pipe()
+    try:
+        reader = stack.enter_context(os.fdopen(read_fd, "rb", buffering=0))
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    return reader, write_fd
+
+
 async def _supervise(
-    process: asyncio.subprocess.Process, status_pipe: Any, wall_s: float, stdin: str
+    process: asyncio.subprocess.Process, pipes: tuple[BinaryIO, BinaryIO, BinaryIO], wall_s: float
 ) -> tuple[bytes, tuple[bytes, bytes], bool]:
-    """Wait for the bootstrap to end (its status pipe closing: the program's output pipes may outlive it,
-    held by processes it left behind), killing the group past `wall_s` or when we are cancelled; then kill
-    whatever is left of the group and collect the tails of the output. Returns the bootstrap's report, the
-    output tails and whether the wall-clock limit killed the program."""
-    outputs = (bytearray(), bytearray())
-    status = asyncio.create_task(_read_to_end(status_pipe))
-    readers = [
-        asyncio.create_task(_tail(stream, kept))
-        for stream, kept in zip((process.stdout, process.stderr), outputs, strict=True)
-    ]
-    feeder = asyncio.create_task(_feed(process.stdin, stdin))
+    """Wait for the bootstrap to end (its status pipe closing), killing the group past `wall_s` or when
+    we are cancelled; then kill whatever is left of the group and collect the tails of the output (for at
+    most `_DRAIN_S`: a process that left the group may hold the pipes open). Returns the bootstrap's report,
+    the output tails and whether the wall-clock limit killed the program."""
+    kept = (bytearray(), bytearray(), bytearray())
+    status, *readers = (
+        asyncio.create_task(_read_pipe(pipe, into)) for pipe, into in zip(pipes, kept, strict=True)
+    )
     try:
         done, _ = await asyncio.wait({status}, timeout=wall_s)
         wall_killed = not done
         _kill_group(process.pid)
+        deadline = asyncio.get_running_loop().time() + _DRAIN_S
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(process.wait(), _DRAIN_S)
-        await asyncio.wait(readers, timeout=_DRAIN_S)
-        report = status.result() if status.done() and not status.cancelled() else b""
+        await asyncio.wait(readers, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
     finally:
         if process.returncode is None:
             _kill_group(process.pid)
-        for task in (status, *readers, feeder):
+        for task in (status, *readers):
             task.cancel()
-    return report, (bytes(outputs[0]), bytes(outputs[1])), wall_killed
+        await asyncio.gather(status, *readers, return_exceptions=True)
+    return bytes(kept[0]), (bytes(kept[1]), bytes(kept[2])), wall_killed
 
 
 def _kill_group(pgid: int) -> None:
@@ -285,36 +298,19 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def _read_to_end(pipe: Any) -> bytes:
-    """Everything written to a pipe until its writers have all closed it (at most a few KiB are kept)."""
+async def _read_pipe(pipe: BinaryIO, kept: bytearray) -> None:
+    """Read a pipe until every writer has closed it, keeping its last TAIL_BYTES in `kept`; the pipe is
+    closed when this returns or is cancelled."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
-        kept = bytearray()
-        await _tail(reader, kept)
-        return bytes(kept)
+        while chunk := await reader.read(_READ_CHUNK):
+            kept += chunk
+            if len(kept) > TAIL_BYTES:
+                del kept[:-TAIL_BYTES]
     finally:
         transport.close()
-
-
-async def _tail(stream: asyncio.StreamReader | None, kept: bytearray) -> None:
-    """Read a stream to its end into `kept`, keeping only its last TAIL_BYTES."""
-    if stream is None:
-        return
-    while chunk := await stream.read(_READ_CHUNK):
-        kept += chunk
-        if len(kept) > TAIL_BYTES:
-            del kept[:-TAIL_BYTES]
-
-
-async def _feed(stream: asyncio.StreamWriter | None, text: str) -> None:
-    if stream is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        stream.write(text.encode())
-        await stream.drain()
-        stream.close()
 
 
 def _parse_status(report: bytes) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from aiohttp import web
 from rewards.hooks import sandbox
 from rewards.hooks.code import FACTORIES, CodeTestsArgs, build_program, extract_code
 from rewards.hooks.contract import CompletionView, HookContext, HookResult, SessionInput
-from rewards.hooks.sandbox import TAIL_BYTES, SandboxUnavailableError, run_python, sandbox_mode
+from rewards.hooks.sandbox import TAIL_BYTES, SandboxMode, SandboxUnavailableError, run_python, sandbox_mode
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
@@ -222,8 +223,8 @@ async def test_the_probe_refuses_a_way_that_leaves_the_network_on(monkeypatch: p
         sandbox,
         "_CANDIDATES",
         (
-            sandbox.SandboxMode(prefix=("env",), drop_root=False),
-            sandbox.SandboxMode(prefix=("no-such-unshare-binary",), drop_root=False),
+            SandboxMode(prefix=("env",), drop_root=False),
+            SandboxMode(prefix=("no-such-unshare-binary",), drop_root=False),
         ),
     )
     with pytest.raises(SandboxUnavailableError, match="cannot run code without network") as raised:
@@ -234,43 +235,99 @@ async def test_the_probe_refuses_a_way_that_leaves_the_network_on(monkeypatch: p
         await sandbox_mode()
 
 
-@pytest.mark.slow
-async def test_the_whole_process_tree_is_killed_on_wall_timeout(context: HookContext):
-    marker = f"98{uuid.uuid4().int % 10**8}.5"
-    escaper = f"97{uuid.uuid4().int % 10**8}.5"
-    isolated = (await sandbox_mode()).isolates_pids
-    candidate = (
+PID_FLAGS = ("--pid", "--fork", "--kill-child")
+
+
+@pytest.fixture(params=["probed", "without_pid_namespace"])
+async def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SandboxMode:
+    """The sandbox as probed here, and its fallback without a PID namespace (process groups only)."""
+    probed = await sandbox_mode()
+    if request.param == "probed":
+        return probed
+    fallback = SandboxMode(
+        prefix=tuple(a for a in probed.prefix if a not in PID_FLAGS), drop_root=probed.drop_root
+    )
+    monkeypatch.setattr(sandbox, "_probed", [fallback])
+    return fallback
+
+
+def spawner(child: str, escaper: str, then: str) -> str:
+    """A program that starts `sleep child` (in its group) and `sleep escaper` (in a session of its own)."""
+    return (
         "import subprocess, time\n"
-        f"subprocess.Popen(['sleep', '{marker}'])\n"
+        f"subprocess.Popen(['sleep', '{child}'])\n"
         f"subprocess.Popen(['sleep', '{escaper}'], start_new_session=True)\n"
         "print('spawned', flush=True)\n"
-        "while True:\n"
-        "    time.sleep(1)\n"
+        f"{then}\n"
     )
-    if not isolated:
-        lines = candidate.splitlines(keepends=True)
-        candidate = "".join(line for line in lines if escaper not in line)
+
+
+def scratch_dirs() -> set[Path]:
+    """The sandbox's scratch directories that exist now."""
+    return set(Path(tempfile.gettempdir()).glob("flywheel-sandbox-*"))
+
+
+def marker() -> str:
+    """A unique `sleep` argument to find a process by."""
+    return f"9{uuid.uuid4().int % 10**9}.5"
+
+
+@pytest.mark.slow
+async def test_the_whole_process_tree_is_killed_on_wall_timeout(mode: SandboxMode):
+    child, escaper = marker(), marker()
     try:
-        result = await run_python(candidate, cpu_s=5, memory_mb=512, wall_s=3)
+        source = spawner(child, escaper, then="while True:\n    time.sleep(1)")
+        result = await asyncio.wait_for(run_python(source, cpu_s=5, memory_mb=512, wall_s=3), WITHIN)
         assert result.killed_by == "wall"
         assert "spawned" in result.stdout
-        assert await gone(marker)
-        assert await gone(escaper)
+        assert await gone(child)
+        if mode.isolates_pids:
+            assert await gone(escaper)
     finally:
-        for pid in processes_with(marker) + processes_with(escaper):
+        for pid in processes_with(child) + processes_with(escaper):
             os.kill(pid, 9)
 
 
-async def test_a_child_left_behind_after_exit_is_killed():
-    marker = f"96{uuid.uuid4().int % 10**8}.5"
-    source = f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('left it', flush=True)\n"
+async def test_children_left_behind_after_exit_are_killed(mode: SandboxMode):
+    """A passing program that leaves processes behind still passes (promptly, not killed by the wall
+    clock), and its group dies with it. A child that made a session of its own dies too in a PID namespace;
+    without one it outlives the sandbox (the fallback's known limit) but does not hold the result up."""
+    child, escaper = marker(), marker()
     try:
-        result = await asyncio.wait_for(run_python(source, **LIMITS), WITHIN)
-        assert result.passed
-        assert "left it" in result.stdout
-        assert await gone(marker)
+        result = await asyncio.wait_for(run_python(spawner(child, escaper, then=""), **LIMITS), WITHIN)
+        assert result.passed, result
+        assert result.stdout == "spawned\n"
+        assert await gone(child)
+        if mode.isolates_pids:
+            assert await gone(escaper)
+        else:
+            assert processes_with(escaper)
     finally:
-        for pid in processes_with(marker):
+        for pid in processes_with(child) + processes_with(escaper):
+            os.kill(pid, 9)
+
+
+async def test_cancelling_the_run_kills_the_program(mode: SandboxMode):
+    """The runner cancels a hook past its job's limit: the program and its children die with the call."""
+    child, escaper = marker(), marker()
+    before = scratch_dirs()
+    try:
+        source = spawner(child, escaper, then="while True:\n    time.sleep(1)")
+        run = asyncio.create_task(run_python(source, cpu_s=5, memory_mb=512, wall_s=300))
+        for _ in range(300):
+            if processes_with(child) or run.done():
+                break
+            await asyncio.sleep(0.1)
+        assert processes_with(child) and not run.done()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(run, WITHIN)
+        assert await gone(child)
+        assert scratch_dirs() == before
+        if mode.isolates_pids:
+            assert await gone(escaper)
+    finally:
+        for pid in processes_with(child) + processes_with(escaper):
             os.kill(pid, 9)
 
 
