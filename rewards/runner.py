@@ -200,8 +200,9 @@ class HookRunner:
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
-            return await self._failed(job, f"timed out after {timeout_s:g} s ({exc or 'hook'})", final=False,
-                                      sessions=sessions)
+            # The job's own limit, or one item of its work past its limit in the pool (HookTimeoutError).
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else f"timed out after {timeout_s:g} s"
+            return await self._failed(job, error, final=False, sessions=sessions)
         except Exception as exc:
             return await self._failed(job, f"{type(exc).__name__}: {exc}", final=False, sessions=sessions)
         if not await complete_job(self._session_factory, job, rows, summary):

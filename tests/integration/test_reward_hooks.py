@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from aiohttp import web
 from fastapi import FastAPI
 from prometheus_client import generate_latest
 from sqlalchemy import select
@@ -25,6 +26,7 @@ from proxy.services import ProxyServices, build_services
 from rewards.config import FinalizerConfig, HookRunnerConfig, RewardsConfig
 from rewards.hooks.adapters import HookConfigError
 from rewards.hooks.spec import HookSpec
+from rewards.hooks.webhook import verify_signature
 from serving.config import ServingConfig
 from storage.models import Reward, Trajectory
 from storage.queries import record_completions
@@ -252,3 +254,48 @@ async def test_a_configured_hook_that_cannot_be_used_stops_the_proxy(
     with pytest.raises(HookConfigError, match="did you mean 'math'"):
         async with build_services(ProxyConfig(), storage_config(db_url), serving, rewards):
             pass
+
+
+async def test_math_on_an_input_that_hangs_math_verify_fails_the_job_and_hangs_nothing(api: Api) -> None:
+    hanging = await api.session(metadata={"answer": "1"}, reward={
+        "hook": "math", "args": {"timeout_s": 2.0}, "max_attempts": 1})
+    await api.answer(hanging["session_id"], "#### 9^{9^{9^{9^{9}}}}")
+    await api.end(hanging)
+    [hook] = (await api.finalized(hanging))["hooks"]
+    assert hook["state"] == "failed" and "HookTimeoutError" in hook["error"]
+    fine = await api.session(metadata={"answer": "0.5"}, reward={"hook": "math"})
+    await api.answer(fine["session_id"], "so the answer is \\boxed{\\frac{1}{2}}")
+    await api.end(fine)
+    assert [r["value"] for r in (await api.finalized(fine))["rewards"]] == [1.0]
+
+
+async def test_a_webhook_that_fails_twice_lands_exactly_one_reward(api: Api) -> None:
+    seen: list[str] = []
+
+    async def grade(request: web.Request) -> web.Response:
+        body = await request.read()
+        assert verify_signature("shh", body, request.headers["X-Flywheel-Timestamp"],
+                                request.headers["X-Flywheel-Signature"])
+        seen.append(request.headers["Idempotency-Key"])
+        if len(seen) <= 2:
+            return web.Response(status=503)
+        return web.json_response({"reward": 0.75})
+
+    app = web.Application()
+    app.router.add_post("/grade", grade)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        session = await api.session(reward={"hook": "webhook", "args": {
+            "url": f"http://127.0.0.1:{port}/grade", "secret": "shh", "backoff_s": 0.05}})
+        await api.answer(session["session_id"], "anything")
+        await api.end(session)
+        view = await api.finalized(session)
+    finally:
+        await runner.cleanup()
+    assert len(seen) == 3 and len(set(seen)) == 1
+    assert [(r["source"], r["value"]) for r in view["rewards"]] == [("hook:webhook", 0.75)]
+    assert await count_rewards(api) == 1
