@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 import numpy as np
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}]
 PROMPT_IDS = [1, 287, 201, 74, 394, 81, 2, 201, 1, 372, 526, 201]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,3 +127,65 @@ async def _measure(
 def measure(target: Target, clients: int, seconds: float, warmup_s: float, stream: bool) -> Measurement:
     """`clients` closed-loop clients on `target` for `seconds` after `warmup_s` of untimed traffic."""
     return asyncio.run(_measure(target, clients, seconds, warmup_s, stream))
+
+
+async def measure_while(
+    target: Target, clients: int, warmup_s: float, work: Callable[[], Awaitable[T]], stream: bool = False,
+    starts: list[float] | None = None,
+) -> tuple[Measurement, T]:
+    """`clients` closed-loop clients on `target` for as long as `work()` runs: `warmup_s` of untimed
+    traffic, then `work()` is started and every call that starts before it returns is timed. Returns the
+    measurement (its `seconds`: how long `work()` ran) and what `work()` returned; `starts`, when given,
+    gets the `time.perf_counter()` at which each timed successful call started, in the order of its
+    latencies."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    latencies: list[float] = []
+    errors: list[str] = []
+    warm_ok = [0]
+    timing = asyncio.Event()
+    done = asyncio.Event()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        headers = [
+            {
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {target.keys[i % len(target.keys)]}",
+            }
+            for i in range(clients)
+        ]
+
+        async def client(i: int) -> None:
+            while not done.is_set():
+                timed = timing.is_set()
+                started = time.perf_counter()
+                error = await _send(http, target, headers[i])
+                if not timed:
+                    warm_ok[0] += int(error is None)
+                elif error is None:
+                    latencies.append(time.perf_counter() - started)
+                    if starts is not None:
+                        starts.append(started)
+                else:
+                    errors.append(error)
+
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        try:
+            await asyncio.sleep(warmup_s)
+            timing.set()
+            began = time.perf_counter()
+            result = await work()
+            elapsed = time.perf_counter() - began
+        finally:
+            done.set()
+            await asyncio.gather(*tasks)  # each client ends with the call it has in flight
+    measurement = Measurement(
+        clients,
+        stream,
+        elapsed,
+        len(latencies),
+        len(errors),
+        len(latencies) + warm_ok[0],
+        np.array(latencies) * 1000.0,
+        errors[0] if errors else None,
+    )
+    return measurement, result

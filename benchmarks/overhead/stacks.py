@@ -37,6 +37,8 @@ class Server:
     url: str
     pid: int
     keys: tuple[str, ...] = ("none",)
+    admin_key: str | None = None
+    """An admin key of the server's database (`flywheel_proxy`'s), for its RL API; None elsewhere."""
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by the server's process group, children included."""
@@ -241,7 +243,8 @@ def flywheel_proxy(
     log = logs / f"flywheel-{db_url.split(':')[0]}.log"
     with process(argv, f"http://127.0.0.1:{port}/health", log) as proc:
         base_url = f"http://127.0.0.1:{port}"
-        yield Server(base_url, proc.pid, tuple(asyncio.run(_create_sessions(base_url, admin_key, sessions))))
+        keys = tuple(asyncio.run(_create_sessions(base_url, admin_key, sessions)))
+        yield Server(base_url, proc.pid, keys, admin_key)
 
 
 def count_completions(db_url: str) -> int:
