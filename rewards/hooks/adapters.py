@@ -81,7 +81,10 @@ def check_level(target: str, shape: Shape, level: HookLevel) -> None:
         raise HookConfigError(f"hook {target!r}: a {shape} function labels one session; name it among "
                               "session hooks, not group hooks")
     if shape == "verifiers":
-        raise HookConfigError(f"hook {target!r}: the verifiers adapter is not supported by this version")
+        raise HookConfigError(
+            f"hook {target!r}: verifiers rubrics are not supported yet (verifiers 0.4 needs openai<3, this "
+            "Flywheel pins openai 3): call the rubric's reward functions from a native `fn(session)` hook"
+        )
 
 
 def _columns(sessions: Sequence[SessionInput]) -> dict[str, list[Any]]:
