@@ -2,6 +2,9 @@
 
     python -m integrations.gsm8k --base-url http://127.0.0.1:8000 --api-key ADMIN_KEY \\
         --steps 20 --group-size 8 --problems-per-step 4 --eval-problems 50 --progress
+
+Training attempts are graded by the proxy's `math` reward hook (`--grading hook`, the default) or scored
+by the agent and rewarded over REST (`--grading rest`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m integrations.gsm8k",
         description="The Flywheel demo agent: solves math word problems through a Flywheel proxy with the "
-                    "openai client, and rewards each attempt over the RL REST API.",
+                    "openai client; the proxy's math reward hook grades each attempt (or, with "
+                    "--grading rest, the agent rewards it over the RL REST API).",
     )
     add = parser.add_argument
     add("--base-url", default="http://127.0.0.1:8000", help="the proxy's root (or its /v1) URL")
@@ -58,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-tokens", type=int, default=256)
     add("--format-bonus", type=float, default=DEFAULT_FORMAT_BONUS,
         help="reward added when the answer is written as '#### N'")
+    add("--grading", choices=("hook", "rest"), default="hook",
+        help="hook: each group names the proxy's `math` reward hook, which grades every attempt, and the "
+             "agent reads the rewards back; rest: the agent scores each attempt and posts its reward")
+    add("--hook-timeout", type=float, default=600.0,
+        help="seconds to wait for the hook to grade one session (--grading hook)")
     add("--system-prompt", default=SYSTEM_PROMPT)
     add("--concurrency", type=int, default=8, help="most chat calls in flight at once")
     add("--version-url", help="URL answering {\"policy_version\": int} (Flywheel: <root>/rl/v1/policy; "
@@ -127,8 +136,9 @@ def summary(report: AgentReport, path: str) -> str:
     rewards = ", ".join(f"{r.mean_reward:.3f}" for r in report.rounds)
     lines.append(f"mean reward per round: {rewards}")
     counts = report.counts()
-    lines.append(f"sessions: {counts['train_sessions']} rewarded in {counts['groups']} groups "
-                 f"({counts['failed_attempts']} failed calls), {counts['eval_sessions']} eval; "
+    lines.append(f"sessions: {counts['train_sessions']} in {counts['groups']} groups, "
+                 f"{counts['rewarded_sessions']} rewarded ({counts['failed_attempts']} failed calls), "
+                 f"{counts['eval_sessions']} eval; "
                  f"{report.wall_s:.1f} s")
     return "\n".join(lines)
 
@@ -145,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         train, held_out = load_splits(args)
         agent = AgentSettings(model=args.model or model, temperature=args.temperature,
                               max_tokens=args.max_tokens, system_prompt=args.system_prompt,
-                              format_bonus=args.format_bonus)
+                              format_bonus=args.format_bonus, grading=args.grading,
+                              hook_timeout_s=args.hook_timeout)
         waiter = None
         if args.version_url:
             waiter = PolicyVersionWaiter(args.version_url, api_key=args.api_key,

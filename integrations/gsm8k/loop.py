@@ -1,5 +1,6 @@
 """The demo agent's training run: held-out accuracy before, then rounds of P problems × G attempts that
-are rewarded over REST (the trainer learns from them), then held-out accuracy after; and a JSON report.
+Flywheel's `math` reward hook grades (or, with grading "rest", that the agent rewards over REST; the
+trainer learns from them), then held-out accuracy after; and a JSON report.
 
 The trainer runs elsewhere. Between rounds an optional hook waits for its policy version to advance,
 so that each round samples from a newer policy (`PolicyVersionWaiter` polls a URL for it).
@@ -65,13 +66,17 @@ class RoundResult:
 
     round: int
     mean_reward: float
-    """Over the attempts whose chat call succeeded."""
+    """Over the attempts that were rewarded (their chat call succeeded and, with grading "hook", the
+    hook gave them a reward)."""
     correct_rate: float
     format_rate: float
     attempts: int
     failed: int
+    """Attempts whose chat call failed."""
     seconds: float
     group_ids: list[str]
+    ungraded: int = 0
+    """Answered attempts the reward hook gave no reward (it failed, or had no opinion)."""
 
 
 @dataclass
@@ -87,12 +92,13 @@ class AgentReport:
     def counts(self) -> dict[str, int]:
         attempts = sum(r.attempts for r in self.rounds)
         failed = sum(r.failed for r in self.rounds)
+        ungraded = sum(r.ungraded for r in self.rounds)
         evals = [e for e in (self.eval_before, self.eval_after) if e is not None]
         return {
             "rounds": len(self.rounds),
             "groups": sum(len(r.group_ids) for r in self.rounds),
             "train_sessions": attempts,
-            "rewarded_sessions": attempts - failed,
+            "rewarded_sessions": attempts - failed - ungraded,
             "failed_attempts": failed,
             "eval_sessions": sum(int(e["total"]) for e in evals),
         }
@@ -135,7 +141,7 @@ def summarize_round(index: int, groups: Sequence[GroupResult], seconds: float) -
         correct_rate=share(sum(a.correct for a in answered)),
         format_rate=share(sum(a.formatted for a in answered)),
         attempts=len(attempts), failed=len(attempts) - len(answered), seconds=seconds,
-        group_ids=[g.group_id for g in groups],
+        group_ids=[g.group_id for g in groups], ungraded=len(answered) - len(rewards),
     )
 
 

@@ -9,12 +9,17 @@ answered at all.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 logger = logging.getLogger(__name__)
+
+SETTLED_HOOK_STATES = frozenset({"done", "failed"})
+"""A reward hook's job in one of these states will not change again: its rewards (if any) are written."""
 
 
 class FlywheelAPIError(RuntimeError):
@@ -60,8 +65,27 @@ def _error_message(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+def _hooks_of(view: dict[str, Any], sources: Iterable[str] | None) -> list[dict[str, Any]]:
+    """The hook jobs of a session view (GET /rl/v1/sessions/{id}); only those writing one of `sources`
+    when given."""
+    wanted = None if sources is None else set(sources)
+    return [job for job in view.get("hooks") or [] if wanted is None or job.get("source") in wanted]
+
+
+def unsettled_hooks(view: dict[str, Any], sources: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The hook jobs of a session view (GET /rl/v1/sessions/{id}) still queued or running; only those
+    writing one of `sources` when given."""
+    return [job for job in _hooks_of(view, sources) if job.get("state") not in SETTLED_HOOK_STATES]
+
+
+def _with_reward(body: dict[str, Any], reward: Any) -> dict[str, Any]:
+    """A creation request naming `reward` hooks; without the field (the configured hooks) for None."""
+    return body if reward is None else {**body, "reward": reward}
+
+
 class RLClient:
-    """Create sessions and groups, reward and end sessions. Thread-safe (one pooled httpx.Client)."""
+    """Create sessions and groups, reward and end sessions, read them back. Thread-safe (one pooled
+    httpx.Client)."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0) -> None:
         self.root_url = root_url_of(base_url)
@@ -111,14 +135,53 @@ class RLClient:
             raise FlywheelAPIError(f"GET /v1/models at {self.root_url} listed no model: {models!r}")
         return str(data[0]["id"])
 
-    def create_group(self, size: int, task: Any = None) -> GroupHandle:
-        body = self._call("POST", "/rl/v1/groups", {"size": size, "task": task})
+    def create_group(self, size: int, task: Any = None, reward: Any = None) -> GroupHandle:
+        """A group of `size` sessions. `reward` names the reward hooks that label each session once it
+        ends (`{"hook": "math", "args": {...}}` or a list of such); None: the proxy's configured hooks;
+        []: none."""
+        body = self._call("POST", "/rl/v1/groups", _with_reward({"size": size, "task": task}, reward))
         sessions = [SessionHandle(s["session_id"], s["api_key"]) for s in body["sessions"]]
         return GroupHandle(body["group_id"], sessions)
 
-    def create_session(self, task: Any = None, metadata: dict[str, Any] | None = None) -> SessionHandle:
-        body = self._call("POST", "/rl/v1/sessions", {"task": task, "metadata": metadata or {}})
+    def create_session(
+        self, task: Any = None, metadata: dict[str, Any] | None = None, reward: Any = None
+    ) -> SessionHandle:
+        """A session outside any group; `reward` as for `create_group`."""
+        body = self._call("POST", "/rl/v1/sessions",
+                          _with_reward({"task": task, "metadata": metadata or {}}, reward))
         return SessionHandle(body["session_id"], body["api_key"])
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """The session as the proxy sees it: status, completions, `rewards` and reward `hooks` jobs."""
+        view = self._call("GET", f"/rl/v1/sessions/{session_id}")
+        if not isinstance(view, dict):
+            raise FlywheelAPIError(f"GET /rl/v1/sessions/{session_id} gave {view!r}; expected an object")
+        return view
+
+    def wait_for_hooks(
+        self, session_id: str, timeout_s: float, *, sources: Iterable[str] | None = None,
+        interval_s: float = 0.25,
+    ) -> dict[str, Any]:
+        """The session's view once every one of its reward hook jobs (only those writing one of
+        `sources`, when given) is done or failed: its `rewards` then hold what they wrote. Call it
+        after ending the session (its hook jobs are queued when it ends). FlywheelAPIError when some
+        are still queued or running after `timeout_s`."""
+        wanted = None if sources is None else tuple(sources)
+        deadline = time.monotonic() + timeout_s
+        view = self.session(session_id)
+        pending = unsettled_hooks(view, wanted)
+        while pending:
+            if time.monotonic() >= deadline:
+                states = ", ".join(f"{job.get('source')}: {job.get('state')}" for job in pending)
+                raise FlywheelAPIError(
+                    f"the reward hooks of session {session_id} did not finish in {timeout_s:g} s ({states}); "
+                    "is a hook runner running (the proxy's own, rewards.runner.in_proxy, or "
+                    "`flywheel rewards`), and can it keep up?"
+                )
+            time.sleep(interval_s)
+            view = self.session(session_id)
+            pending = unsettled_hooks(view, wanted)
+        return view
 
     def reward_session(
         self, session_id: str, value: float, source: str = "rest", details: dict[str, Any] | None = None
