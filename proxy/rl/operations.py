@@ -238,6 +238,9 @@ async def end_and_finalize(services: ProxyServices, session_id: str) -> int:
 
 async def describe(services: ProxyServices, principal: Principal, session_id: str) -> SessionView:
     await check_may_act(services, principal, session_id)
+    # Jobs first: a job settles in the transaction that writes its rewards, so one shown done has its
+    # rewards in the snapshot read after it.
+    jobs = await jobs_of_session(services.session_factory, session_id)
     snapshot = await load_session_snapshot(services.session_factory, session_id)
     if snapshot is None:
         raise _not_found("session", session_id)
@@ -272,7 +275,7 @@ async def describe(services: ProxyServices, principal: Principal, session_id: st
                 created_at=as_utc(job.created_at).isoformat(),
                 finished_at=None if job.finished_at is None else as_utc(job.finished_at).isoformat(),
             )
-            for job in await jobs_of_session(services.session_factory, session_id)
+            for job in jobs
         ],
     )
 
