@@ -137,6 +137,10 @@ async def claim_jobs(session_factory: SessionFactory, limit: int, lease_s: float
     now = datetime.now(UTC)
     token = str(uuid.uuid4())
     expired = and_(RewardJob.state == JobState.RUNNING.value, RewardJob.lease_until < now)
+    due = or_(and_(RewardJob.state == JobState.QUEUED.value, RewardJob.run_after <= now), expired)
+    async with session_factory() as db:  # a plain read first: an idle poll takes no write lock
+        if await db.scalar(select(RewardJob.id).where(due).limit(1)) is None:
+            return []
     async with write_transaction(session_factory) as db:
         await db.execute(
             update(RewardJob)
@@ -144,7 +148,6 @@ async def claim_jobs(session_factory: SessionFactory, limit: int, lease_s: float
             .values(state=JobState.FAILED.value, lease_token=None, lease_until=None, finished_at=now,
                     error="its runner stopped (lease expired) during its last attempt")
         )
-        due = or_(and_(RewardJob.state == JobState.QUEUED.value, RewardJob.run_after <= now), expired)
         ids = list(
             (
                 await db.execute(

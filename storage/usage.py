@@ -29,13 +29,13 @@ async def add_key_usage(session_factory: SessionFactory, day: date, tokens: Mapp
 
 
 async def key_usage_on(
-    session_factory: SessionFactory, day: date, key_ides: Collection[int]
+    session_factory: SessionFactory, day: date, key_ids: Collection[int]
 ) -> dict[int, int]:
-    """The tokens each of `key_ides` used on `day` (keys with none are left out)."""
-    if not key_ides:
+    """The tokens each of `key_ids` used on `day` (keys with none are left out)."""
+    if not key_ids:
         return {}
     query = select(KeyUsage.key_id, KeyUsage.tokens).where(
-        KeyUsage.day == day, KeyUsage.key_id.in_(list(key_ides))
+        KeyUsage.day == day, KeyUsage.key_id.in_(list(key_ids))
     )
     async with session_factory() as db:
         return {row.key_id: int(row.tokens) for row in await db.execute(query)}
