@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rewards.hooks.contract import CompletionView, HookContext, HookResult, SessionInput
+from rewards.hooks.contract import HookContext, HookResult, SessionInput
 from rewards.hooks.pool import ProcessHookPool
 from rewards.hooks.registry import HookRegistry
 from rewards.hooks.spec import HookSpec
 from serving.threaded_server import free_port
+from tests.support.hook_inputs import answered, hook_context
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +35,13 @@ def readme_block(first_line: str) -> str:
 
 
 def session(answer_text: str, answer: str | None = "42") -> SessionInput:
-    completion = CompletionView(
-        id="chatcmpl-1", parent_id=None, messages=({"role": "user", "content": "6 x 7?"},),
-        message={"role": "assistant", "content": answer_text}, text=answer_text, prompt_ids=(1, 2),
-        output_ids=(3,), finish_reason="stop", trainable=True,
-    )
-    metadata = {} if answer is None else {"answer": answer}
-    return SessionInput(session_id="sess-1", group_id=None, task=None, metadata=metadata,
-                        completions=(completion,))
+    return answered(answer_text) if answer is None else answered(answer_text, answer=answer)
 
 
 @pytest.fixture
 async def context() -> AsyncIterator[HookContext]:
     async with ProcessHookPool(1) as pool, httpx.AsyncClient() as http:
-        yield HookContext(job_id="sess-1/hook:x", attempt=1, timeout_s=60, pool=pool, http=http)
+        yield hook_context(http, pool)
 
 
 @pytest.fixture

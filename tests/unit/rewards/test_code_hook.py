@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,9 @@ from aiohttp import web
 
 from rewards.hooks import sandbox
 from rewards.hooks.code import FACTORIES, CodeTestsArgs, build_program, extract_code
-from rewards.hooks.contract import CompletionView, HookContext, HookResult, SessionInput
+from rewards.hooks.contract import HookContext, HookResult, SessionInput
 from rewards.hooks.sandbox import TAIL_BYTES, SandboxMode, SandboxUnavailableError, run_python, sandbox_mode
+from tests.support.hook_inputs import NoPool, answered, hook_context
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
@@ -31,33 +32,15 @@ WITHIN = 60.0
 """A generous bound: the call returned instead of hanging."""
 
 
-class NoPool:
-    """The code hook runs its subprocess itself: touching the process pool fails the test."""
-
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        raise AssertionError("code_tests used the process pool")
-
-
 @pytest.fixture
 async def context() -> AsyncIterator[HookContext]:
     async with httpx.AsyncClient() as http:
-        yield HookContext(job_id="job-1", attempt=1, timeout_s=120.0, pool=NoPool(), http=http)
+        yield hook_context(http, NoPool("code_tests"), timeout_s=120.0)
 
 
 def session(text: str, task: Any = None, **metadata: Any) -> SessionInput:
     """A one-completion session whose answer is `text`."""
-    final = CompletionView(
-        id="c1",
-        parent_id=None,
-        messages=({"role": "user", "content": "Write add(a, b)."},),
-        message={"role": "assistant", "content": text},
-        text=text,
-        prompt_ids=(1, 2, 3),
-        output_ids=(4, 5),
-        finish_reason="stop",
-        trainable=True,
-    )
-    return SessionInput(session_id="s1", group_id=None, task=task, metadata=metadata, completions=(final,))
+    return answered(text, task=task, **metadata)
 
 
 async def grade(answer: str, context: HookContext, tests: str | None = TESTS, **args: Any) -> HookResult:

@@ -12,19 +12,16 @@ from pydantic import ValidationError
 from rewards.config import HookRunnerConfig
 from rewards.finalize import RewardEntry, combine_rewards
 from rewards.hooks.adapters import HookConfigError, coerce_result, detect_shape
-from rewards.hooks.contract import CompletionView, GroupInput, GroupResult, HookResult, SessionInput
+from rewards.hooks.contract import GroupInput, GroupResult, HookResult, SessionInput
 from rewards.hooks.registry import HookRegistry
 from rewards.hooks.spec import HookSpec, parse_specs, stored_hooks
 from rewards.labels import reward_rows
 from rewards.runner import retry_delay
+from tests.support.hook_inputs import completion_view
 
 
 def session(session_id: str = "s1", *completion_ids: str) -> SessionInput:
-    completions = tuple(
-        CompletionView(id=cid, parent_id=None, messages=(), message={"role": "assistant", "content": cid},
-                       text=cid, prompt_ids=(1,), output_ids=(2,), finish_reason="stop", trainable=True)
-        for cid in completion_ids or ("c1",)
-    )
+    completions = tuple(completion_view(cid, cid) for cid in completion_ids or ("c1",))
     return SessionInput(session_id=session_id, group_id=None, task={"answer": "7"}, metadata={},
                         completions=completions)
 

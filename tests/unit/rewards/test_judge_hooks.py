@@ -17,23 +17,17 @@ from rewards.hooks import contract
 from rewards.hooks import judge_prompts as prompts
 from rewards.hooks.contract import CompletionView, GroupInput, HookContext, SessionInput
 from rewards.hooks.judge import FACTORIES, JudgeAnswerError, JudgeConfigError
+from tests.support.hook_inputs import NoPool, hook_context
 from tests.support.scripted_judge import Failure, JudgeCall, ScriptedJudge, in_order
 
 TASK = "What is 6 times 7?"
 FACTORY = {factory.name: factory for factory in FACTORIES}
 
 
-class NoPool:
-    """The judges never use the process pool: touching it fails the test."""
-
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        raise AssertionError("a judge hook used the process pool")
-
-
 @pytest.fixture
 async def context() -> AsyncIterator[HookContext]:
     async with httpx.AsyncClient() as http:
-        yield HookContext(job_id="job-1", attempt=1, timeout_s=60.0, pool=NoPool(), http=http)
+        yield hook_context(http, NoPool("a judge hook"))
 
 
 def build(name: str, **args: Any) -> Any:

@@ -3,14 +3,14 @@ normalisation, what their arguments refuse (a bad pattern, a bad schema), invali
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pydantic
 import pytest
 
-from rewards.hooks.contract import CompletionView, HookContext, HookResult, SessionInput
+from rewards.hooks.contract import HookContext, HookResult, SessionInput
 from rewards.hooks.matching import (
     FACTORIES,
     JsonSchemaArgs,
@@ -20,6 +20,7 @@ from rewards.hooks.matching import (
     last_line,
     normalize_text,
 )
+from tests.support.hook_inputs import NoPool, answered, hook_context
 
 FACTORY = {factory.name: factory for factory in FACTORIES}
 PERSON = {
@@ -29,33 +30,15 @@ PERSON = {
 }
 
 
-class NoPool:
-    """The matching hooks are pure: touching the process pool fails the test."""
-
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        raise AssertionError("a matching hook used the process pool")
-
-
 @pytest.fixture
 async def context() -> AsyncIterator[HookContext]:
     async with httpx.AsyncClient() as http:
-        yield HookContext(job_id="job-1", attempt=1, timeout_s=30.0, pool=NoPool(), http=http)
+        yield hook_context(http, NoPool("a matching hook"), timeout_s=30.0)
 
 
 def session(text: str, task: Any = None, **metadata: Any) -> SessionInput:
     """A one-completion session whose answer is `text`."""
-    final = CompletionView(
-        id="c1",
-        parent_id=None,
-        messages=({"role": "user", "content": "question"},),
-        message={"role": "assistant", "content": text},
-        text=text,
-        prompt_ids=(1, 2, 3),
-        output_ids=(4, 5),
-        finish_reason="stop",
-        trainable=True,
-    )
-    return SessionInput(session_id="s1", group_id=None, task=task, metadata=metadata, completions=(final,))
+    return answered(text, task=task, **metadata)
 
 
 async def grade(name: str, subject: SessionInput, context: HookContext, **args: Any) -> HookResult | None:

@@ -12,7 +12,6 @@ import pydantic
 import pytest
 
 from rewards.hooks.contract import (
-    CompletionView,
     GroupInput,
     HookContext,
     HookResult,
@@ -21,6 +20,7 @@ from rewards.hooks.contract import (
 )
 from rewards.hooks.math import FACTORIES, MathArgs, MathHook, extract_final_answer
 from rewards.hooks.pool import ProcessHookPool
+from tests.support.hook_inputs import answered, completion_view, hook_context
 
 # Every grading is bounded by this, so a hang fails the test instead of hanging it.
 BOUND_S = 60
@@ -38,26 +38,13 @@ def pool() -> Iterator[ProcessHookPool]:
 @pytest.fixture
 async def context(pool: ProcessHookPool) -> AsyncIterator[HookContext]:
     async with httpx.AsyncClient() as http:
-        yield HookContext(job_id="job-1", attempt=1, timeout_s=60.0, pool=pool, http=http)
+        yield hook_context(http, pool)
 
 
 def session(text: str, task: Any = None, **metadata: Any) -> SessionInput:
     """A session whose final (trainable) completion says `text`, after an earlier one that says 13."""
-    def completion(identifier: str, content: str, trainable: bool) -> CompletionView:
-        return CompletionView(
-            id=identifier,
-            parent_id=None,
-            messages=({"role": "user", "content": "What is the answer?"},),
-            message={"role": "assistant", "content": content},
-            text=content,
-            prompt_ids=(1, 2, 3),
-            output_ids=(4, 5),
-            finish_reason="stop",
-            trainable=trainable,
-        )
-
-    completions = (completion("c1", "Let me think: 13.", True), completion("c2", text, True))
-    return SessionInput(session_id="s1", group_id=None, task=task, metadata=metadata, completions=completions)
+    earlier = completion_view("c1", "Let me think: 13.")
+    return answered(text, task=task, before=(earlier,), **metadata)
 
 
 async def grade(context: HookContext, subject: SessionInput, **args: Any) -> HookResult | None:

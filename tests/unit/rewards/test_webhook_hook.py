@@ -37,8 +37,10 @@ from rewards.hooks.webhook import (
     verify_signature,
 )
 from rewards.hooks.wire import group_json, session_json
+from tests.support.hook_inputs import NoPool, completion_view, hook_context
 
 SECRET = "receiver-secret"
+QUESTION = ({"role": "user", "content": "What is 6 * 7?"},)
 HANG = "hang"
 
 
@@ -110,13 +112,6 @@ class Receiver:
         return [json.loads(seen.body) for seen in self.seen]
 
 
-class NoPool:
-    """The webhook must not use the pool."""
-
-    async def run(self, fn: Any, *args: Any, timeout_s: float) -> Any:
-        raise AssertionError("the webhook used the process pool")
-
-
 class Naps:
     """A sleep that records the delays it was asked for instead of waiting them out."""
 
@@ -135,21 +130,11 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 def context(http: httpx.AsyncClient, *, attempt: int = 1, timeout_s: float = 60.0) -> HookContext:
-    return HookContext(job_id="job-7", attempt=attempt, timeout_s=timeout_s, pool=NoPool(), http=http)
+    return hook_context(http, NoPool("the webhook"), job_id="job-7", attempt=attempt, timeout_s=timeout_s)
 
 
 def completion(id: str, text: str, parent_id: str | None = None) -> CompletionView:
-    return CompletionView(
-        id=id,
-        parent_id=parent_id,
-        messages=({"role": "user", "content": "What is 6 * 7?"},),
-        message={"role": "assistant", "content": text},
-        text=text,
-        prompt_ids=(1, 2, 3),
-        output_ids=(4, 5),
-        finish_reason="stop",
-        trainable=True,
-    )
+    return completion_view(id, text, parent_id=parent_id, messages=QUESTION)
 
 
 def session(session_id: str = "s1") -> SessionInput:
