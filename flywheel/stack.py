@@ -1,5 +1,5 @@
-"""`flywheel up`: the whole system on one machine — engine(s), proxy and trainer as child processes
-sharing one config, the database migrated first and an admin key made for the operator."""
+"""`flywheel up`: the whole system on one machine — engine(s), proxy, reward hook runner and trainer as
+child processes sharing one config, the database migrated first and an admin key made for the operator."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class Stack:
     children: list[ChildProcess] = field(default_factory=list)
 
     def stop(self) -> None:
-        # Trainer first (it finishes its step), then the proxy (it drains its recorder), engines last.
+        # Trainer first (it finishes its step), the hook runner (it hands its jobs back), then the proxy
+        # (it drains its recorder), engines last.
         for child in reversed(self.children):
             child.stop()
 
@@ -45,8 +46,8 @@ class Stack:
 async def start_stack(
     config: FlywheelConfig, config_path: str | None, overrides: Sequence[str], *, trainer: bool = True
 ) -> Stack:
-    """Migrate, convert the model once, start engines (unless `serving.worker_urls`), the proxy and
-    the trainer; return once each answers its health check."""
+    """Migrate, convert the model once, start engines (unless `serving.worker_urls`), the proxy, the
+    reward hook runner and the trainer; return once each answers its health check."""
     from serving.models.loading import default_cache_dir, resolve_model_dir
     from storage import migrate
 
@@ -64,9 +65,13 @@ async def start_stack(
                 stack.children.append(start_engine(config_path, overrides, index, logs))
             for child, url in zip(stack.children, serving.resolved_worker_urls(), strict=True):
                 await wait_healthy(child, f"{url}/health", timeout_s=600)
-        proxy = start_child("proxy", flywheel_command("proxy", config_path, overrides), logs)
+        # Reward hooks run in a process of their own: grading never takes the proxy's CPU.
+        apart = (*overrides, "rewards.runner.in_proxy=false")
+        proxy = start_child("proxy", flywheel_command("proxy", config_path, apart), logs)
         stack.children.append(proxy)
         await wait_healthy(proxy, f"{stack.root_url}/health", timeout_s=120)
+        runner = flywheel_command("rewards", config_path, apart, "run")
+        stack.children.append(start_child("rewards", runner, logs))
         if trainer:
             argv = flywheel_command("trainer", config_path, overrides)
             stack.children.append(start_child("trainer", argv, logs))

@@ -28,7 +28,7 @@ def children_of(pid: int) -> list[int]:
     return [int(line) for line in out.split()]
 
 
-def test_sigterm_stops_engine_proxy_and_trainer(tiny_model_dir, tmp_path):
+def test_sigterm_stops_engine_proxy_hook_runner_and_trainer(tiny_model_dir, tmp_path):
     command = [
         sys.executable, "-m", "flywheel.cli", "up", f"serving.model={tiny_model_dir}",
         f"serving.port={free_port()}", f"proxy.port={free_port()}", f"run.dir={tmp_path / 'run'}",
@@ -43,7 +43,7 @@ def test_sigterm_stops_engine_proxy_and_trainer(tiny_model_dir, tmp_path):
         else:
             pytest.fail(f"flywheel up exited with {up.wait()} before it was ready")
         children = children_of(up.pid)
-        assert len(children) == 3  # engine, proxy, trainer
+        assert len(children) == 4  # engine, proxy, reward hook runner, trainer
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=60) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 30
