@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -98,9 +99,11 @@ class Labelled:
 
 @dataclass(frozen=True)
 class Row:
-    """One database, worker count and load: labelling speed and lag, chat latency idle and labelling."""
+    """One database, runner placement, worker count and load: labelling speed and lag, chat latency idle
+    and labelling."""
 
     database: str
+    runner: str  # "proxy": the hook runner inside the proxy; "process": `flywheel rewards run` beside it
     workers: int
     clients: int
     sessions: int
@@ -285,24 +288,37 @@ def _percentiles(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
-def _row(database: str, workers: int, clients: int, labelled: Labelled, chat: Chat) -> Row:
+def _row(database: str, runner: str, workers: int, clients: int, labelled: Labelled, chat: Chat) -> Row:
     idle, during = chat.idle, chat.labelling
     return Row(
-        database, workers, clients, len(labelled.lags_ms), len(labelled.lags_ms) / labelled.seconds,
+        database, runner, workers, clients, len(labelled.lags_ms), len(labelled.lags_ms) / labelled.seconds,
         *_percentiles(labelled.lags_ms), labelled.right, *_percentiles(idle.latencies_ms),
         *_percentiles(during.latencies_ms), *_percentiles(chat.after_ends_ms), idle.ok, during.ok,
         len(chat.after_ends_ms), idle.errors + during.errors, idle.first_error or during.first_error,
     )
 
 
+@contextlib.contextmanager
+def hook_runner(logs: Path, db_url: str, settings: Sequence[str]) -> Iterator[None]:
+    """`flywheel rewards run` on `db_url` with `settings`, until the block ends (healthy once it serves
+    its metrics)."""
+    port = stacks.free_port()
+    argv = [sys.executable, "-m", "flywheel.cli", "rewards", "run", "--metrics-port", str(port),
+            f"storage.url={db_url}", "run.log_level=WARNING", *settings]
+    with stacks.process(argv, f"http://127.0.0.1:{port}/metrics", logs / "rewards-run.log"):
+        yield
+
+
 def run_database(args: argparse.Namespace, database: str, worker: Server, logs: Path) -> Iterator[Row]:
     """The rows of one database: a fresh proxy (and database) per worker count, every load in turn."""
     scratch_database = stacks.sqlite_database if database == "sqlite" else stacks.postgres_database
-    for workers in args.workers:
+    for runner, workers in itertools.product(args.runners, args.workers):
         settings = (*RUNNER, f"rewards.runner.workers={workers}")
+        if runner == "process":
+            settings = (*settings, "rewards.runner.in_proxy=false")
         with scratch_database() as db_url, stacks.flywheel_proxy(
             logs, db_url, worker.url, max(args.clients), settings=settings
-        ) as server:
+        ) as server, hook_runner(logs, db_url, settings) if runner == "process" else contextlib.nullcontext():
             numbers = itertools.count()
             warm = [answer(next(numbers)) for _ in range(_WARM_SESSIONS_PER_WORKER * workers)]
             asyncio.run(label(server, db_url, warm, None))
@@ -313,23 +329,24 @@ def run_database(args: argparse.Namespace, database: str, worker: Server, logs: 
                     label(server, db_url, answers, (target, clients, args.seconds, args.warmup))
                 )
                 assert chat is not None
-                row = _row(database, workers, clients, labelled, chat)
+                row = _row(database, runner, workers, clients, labelled, chat)
                 print(f"  {table_row(row)}", flush=True)
                 yield row
 
 
 HEADER = (
-    "| database | workers | chat clients | sessions | right | labelled/s | lag p50 ms | lag p99 ms "
+    "| database | runner | workers | chat clients | sessions | right | labelled/s | lag p50 ms | lag p99 ms "
     "| chat p50 ms idle → labelling | chat p99 ms idle → labelling | chat p50 / p99 ms after the ends "
     "| chat calls idle, labelling, after the ends | errors |\n"
-    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 )
 
 
 def table_row(r: Row) -> str:
     """`r` as a row of the markdown table under HEADER."""
     return (
-        f"| {r.database} | {r.workers} | {r.clients} | {r.sessions} | {r.right} | {r.labelled_per_s:.1f} "
+        f"| {r.database} | {r.runner} | {r.workers} | {r.clients} | {r.sessions} | {r.right} "
+        f"| {r.labelled_per_s:.1f} "
         f"| {r.lag_p50_ms:.0f} | {r.lag_p99_ms:.0f} | {r.baseline_p50_ms:.2f} → {r.during_p50_ms:.2f} "
         f"| {r.baseline_p99_ms:.2f} → {r.during_p99_ms:.2f} "
         f"| {r.after_ends_p50_ms:.2f} / {r.after_ends_p99_ms:.2f} "
@@ -348,6 +365,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="100 sessions per load, 2 s baselines")
     parser.add_argument("--only", default=",".join(DATABASES), help="comma-separated: sqlite, postgres")
     parser.add_argument("--workers", type=_ints, default=[1, 2], help="math-verify worker processes")
+    parser.add_argument("--runners", default="proxy,process",
+                        help="where hooks run: proxy (inside it), process (`flywheel rewards run` beside it)")
     parser.add_argument("--clients", type=_ints, default=[1, 16], help="chat clients of each load")
     parser.add_argument("--sessions", type=int, default=None, help="sessions labelled per load (400)")
     parser.add_argument("--seconds", type=float, default=None, help="baseline seconds per load (5)")
@@ -359,6 +378,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
+    args.runners = [name.strip() for name in args.runners.split(",") if name.strip()]
+    if set(args.runners) - {"proxy", "process"}:
+        parser.error("--runners takes proxy and/or process")
     unknown = sorted(set(args.only) - set(DATABASES))
     if unknown:
         parser.error(f"unknown database(s) {', '.join(unknown)}; choose from {', '.join(DATABASES)}")
