@@ -112,16 +112,7 @@ async def _measure(
 
         await asyncio.gather(*(client(i) for i in range(clients)))
         elapsed = time.perf_counter() - warm_until
-    return Measurement(
-        clients,
-        stream,
-        elapsed,
-        len(latencies),
-        len(errors),
-        len(latencies) + warm_ok[0],
-        np.array(latencies) * 1000.0,
-        errors[0] if errors else None,
-    )
+    return _measurement(clients, stream, elapsed, latencies, errors, warm_ok[0])
 
 
 def measure(target: Target, clients: int, seconds: float, warmup_s: float, stream: bool) -> Measurement:
@@ -178,14 +169,12 @@ async def measure_while(
         finally:
             done.set()
             await asyncio.gather(*tasks)  # each client ends with the call it has in flight
-    measurement = Measurement(
-        clients,
-        stream,
-        elapsed,
-        len(latencies),
-        len(errors),
-        len(latencies) + warm_ok[0],
-        np.array(latencies) * 1000.0,
-        errors[0] if errors else None,
-    )
-    return measurement, result
+    return _measurement(clients, stream, elapsed, latencies, errors, warm_ok[0]), result
+
+
+def _measurement(
+    clients: int, stream: bool, elapsed: float, latencies: list[float], errors: list[str], warm_ok: int
+) -> Measurement:
+    """A load's figures from its timed calls (`latencies` in seconds) and untimed successful ones."""
+    return Measurement(clients, stream, elapsed, len(latencies), len(errors), len(latencies) + warm_ok,
+                       np.array(latencies) * 1000.0, errors[0] if errors else None)
