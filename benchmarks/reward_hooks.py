@@ -14,8 +14,14 @@ reward, 1 if its answer was right and 0 if wrong, or the benchmark fails. Each p
 sessions untimed (its pool's workers started, math-verify imported). Load, end calls and polling share
 this process.
 
+`--runners` says where hooks run: "proxy" (inside it, as a standalone `flywheel proxy` does), "process"
+(a `flywheel rewards run` beside it, with `rewards.runner.in_proxy=false`, as `flywheel up` does), and
+"rest", the baseline without hooks: every session is rewarded over REST, then ended, and timed until
+finalized (its lag is from its end to its first trajectory), which is what ending and finalizing cost the
+proxy whoever grades.
+
     .venv/bin/python benchmarks/reward_hooks.py [--quick] [--only sqlite,postgres] [--workers 1,2]
-        [--clients 1,16] [--sessions 400] [--seconds 5] [--json out.json]
+        [--runners proxy,process,rest] [--clients 1,16] [--sessions 400] [--seconds 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from benchmarks.overhead.load import Measurement, Target, chat_target, measure_w
 from benchmarks.overhead.stacks import Server
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
-from storage.models import JobState, Reward, RewardJob, Session, SessionStatus
+from storage.models import JobState, Reward, RewardJob, Session, SessionStatus, Trajectory
 from storage.queries import record_completions
 from storage.records import CompletionRecord
 
@@ -103,7 +109,9 @@ class Row:
     and labelling."""
 
     database: str
-    runner: str  # "proxy": the hook runner inside the proxy; "process": `flywheel rewards run` beside it
+    runner: str
+    """"proxy": the hook runner inside the proxy; "process": `flywheel rewards run` beside it; "rest": no
+    hooks, every session rewarded over REST then ended (its lag: end to first trajectory)."""
     workers: int
     clients: int
     sessions: int
@@ -141,13 +149,15 @@ def _completion(session_id: str, text: str) -> CompletionRecord:
 
 
 async def create_batch(
-    http: aiohttp.ClientSession, base_url: str, factory: SessionFactory, answers: Sequence[Answer]
+    http: aiohttp.ClientSession, base_url: str, factory: SessionFactory, answers: Sequence[Answer],
+    hooked: bool = True,
 ) -> list[str]:
-    """Sessions with the math hook and a reference answer (over REST), each with its recorded answer."""
+    """Sessions with the math hook (or, not `hooked`, none) and a reference answer (over REST), each with its
+    recorded answer."""
     gate = asyncio.Semaphore(_CREATE_CONCURRENCY)
 
     async def create(item: Answer) -> str:
-        body = {"metadata": {"answer": item.gold}, "reward": {"hook": "math"}}
+        body = {"metadata": {"answer": item.gold}, "reward": {"hook": "math"} if hooked else []}
         async with gate, http.post(f"{base_url}/rl/v1/sessions", json=body) as response:
             if response.status != 201:
                 raise RuntimeError(f"creating a session: HTTP {response.status}: {await response.text()}")
@@ -157,6 +167,41 @@ async def create_batch(
     records = [_completion(sid, item.text) for sid, item in zip(ids, answers, strict=True)]
     await record_completions(factory, records)
     return ids
+
+
+async def reward_all(
+    http: aiohttp.ClientSession, base_url: str, ids: Sequence[str], answers: Sequence[Answer]
+) -> None:
+    """The REST baseline: every session's reward posted at once, as a client that grades itself does."""
+
+    async def post(session_id: str, item: Answer) -> None:
+        body = {"value": 1.0 if item.right else 0.0}
+        async with http.post(f"{base_url}/rl/v1/sessions/{session_id}/reward", json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"rewarding {session_id}: HTTP {response.status}: {await response.text()}")
+
+    await asyncio.gather(*(post(sid, item) for sid, item in zip(ids, answers, strict=True)))
+
+
+async def check_rest(factory: SessionFactory, ids: Sequence[str], answers: Sequence[Answer]) -> Labelled:
+    """The REST baseline's batch: every session finalized with its one REST reward; its lag is from its
+    end to its first trajectory (trainable), the span from first end to last trajectory."""
+    first_trajectory = func.min(Trajectory.created_at)
+    async with factory() as db:
+        rewards = {str(sid): float(value) for sid, value in (await db.execute(
+            select(Reward.session_id, Reward.value).where(Reward.session_id.in_(ids)))).all()}
+        written = {str(sid): _utc(at) for sid, at in (await db.execute(
+            select(Trajectory.session_id, first_trajectory).where(Trajectory.session_id.in_(ids))
+            .group_by(Trajectory.session_id))).all()}
+        ends = (await db.execute(select(Session.id, Session.ended_at).where(Session.id.in_(ids)))).all()
+        ended = {str(sid): _utc(at) for sid, at in ends if at is not None}
+    problems = [sid for sid, item in zip(ids, answers, strict=True)
+                if rewards.get(sid) != (1.0 if item.right else 0.0) or sid not in written or sid not in ended]
+    if problems:
+        raise RuntimeError(f"{len(problems)} sessions not rewarded and finalized: {problems[:5]}")
+    lags_ms = [(written[sid] - ended[sid]).total_seconds() * 1000 for sid in ids]
+    span = (max(written.values()) - min(ended.values())).total_seconds()
+    return Labelled(lags_ms, span, sum(item.right for item in answers))
 
 
 async def end_all(http: aiohttp.ClientSession, base_url: str, ids: Sequence[str]) -> None:
@@ -247,23 +292,30 @@ class Chat:
 
 
 async def label(
-    server: Server, db_url: str, answers: Sequence[Answer], load: tuple[Target, int, float, float] | None
+    server: Server, db_url: str, answers: Sequence[Answer], load: tuple[Target, int, float, float] | None,
+    rest: bool = False,
 ) -> tuple[Labelled, Chat | None]:
     """Create, end and check one batch of sessions; with `load` (target, clients, baseline seconds,
-    warm-up seconds), the chat calls timed before (no hook work) and while the batch is labelled."""
+    warm-up seconds), the chat calls timed before (no hook work) and while the batch is labelled. `rest`:
+    the baseline without hooks, each session rewarded over REST before its end, timed until finalized."""
     headers = {"Authorization": f"Bearer {server.admin_key}"}
     timeout_s = 120 + 2.0 * len(answers)
     engine = create_engine(StorageConfig(url=db_url))
     factory = create_sessionmaker(engine)
     try:
         async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0)) as http:
-            ids = await create_batch(http, server.url, factory, answers)
+            ids = await create_batch(http, server.url, factory, answers, hooked=not rest)
             ends_answered = [0.0]
 
             async def labelling() -> None:
+                if rest:
+                    await reward_all(http, server.url, ids, answers)
                 await end_all(http, server.url, ids)
                 ends_answered[0] = time.perf_counter()
-                await wait_until(factory, settled(ids), len(ids), "hook jobs settled", timeout_s)
+                if rest:
+                    await wait_until(factory, finalized(ids), len(ids), "sessions finalized", timeout_s)
+                else:
+                    await wait_until(factory, settled(ids), len(ids), "hook jobs settled", timeout_s)
 
             chat = None
             if load is None:
@@ -274,7 +326,7 @@ async def label(
                 starts: list[float] = []
                 during, _ = await measure_while(target, clients, warmup_s, labelling, starts=starts)
                 chat = Chat(idle, during, during.latencies_ms[np.array(starts) >= ends_answered[0]])
-            labelled = await check_labels(factory, ids, answers)
+            labelled = await (check_rest if rest else check_labels)(factory, ids, answers)
             # Finalizing follows labelling: the next baseline starts with neither at work.
             await wait_until(factory, finalized(ids), len(ids), "sessions finalized", timeout_s)
     finally:
@@ -313,7 +365,9 @@ def run_database(args: argparse.Namespace, database: str, worker: Server, logs: 
     """The rows of one database: a fresh proxy (and database) per worker count, every load in turn."""
     scratch_database = stacks.sqlite_database if database == "sqlite" else stacks.postgres_database
     for runner, workers in itertools.product(args.runners, args.workers):
-        settings = (*RUNNER, f"rewards.runner.workers={workers}")
+        if runner == "rest" and workers != args.workers[0]:
+            continue  # no hooks: the worker count does not matter
+        settings: tuple[str, ...] = (*RUNNER, f"rewards.runner.workers={workers}")
         if runner == "process":
             settings = (*settings, "rewards.runner.in_proxy=false")
         with scratch_database() as db_url, stacks.flywheel_proxy(
@@ -321,12 +375,13 @@ def run_database(args: argparse.Namespace, database: str, worker: Server, logs: 
         ) as server, hook_runner(logs, db_url, settings) if runner == "process" else contextlib.nullcontext():
             numbers = itertools.count()
             warm = [answer(next(numbers)) for _ in range(_WARM_SESSIONS_PER_WORKER * workers)]
-            asyncio.run(label(server, db_url, warm, None))
+            asyncio.run(label(server, db_url, warm, None, rest=runner == "rest"))
             for clients in args.clients:
                 answers = [answer(next(numbers)) for _ in range(args.sessions)]
                 target = chat_target(server.url, "tiny", args.max_tokens, False, server.keys)
                 labelled, chat = asyncio.run(
-                    label(server, db_url, answers, (target, clients, args.seconds, args.warmup))
+                    label(server, db_url, answers, (target, clients, args.seconds, args.warmup),
+                          rest=runner == "rest")
                 )
                 assert chat is not None
                 row = _row(database, runner, workers, clients, labelled, chat)
@@ -365,8 +420,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="100 sessions per load, 2 s baselines")
     parser.add_argument("--only", default=",".join(DATABASES), help="comma-separated: sqlite, postgres")
     parser.add_argument("--workers", type=_ints, default=[1, 2], help="math-verify worker processes")
-    parser.add_argument("--runners", default="proxy,process",
-                        help="where hooks run: proxy (inside it), process (`flywheel rewards run` beside it)")
+    parser.add_argument("--runners", default="proxy,process,rest",
+                        help="where hooks run: proxy (inside it), process (`flywheel rewards run` beside "
+                             "it); rest: no hooks, each session rewarded over REST (the baseline)")
     parser.add_argument("--clients", type=_ints, default=[1, 16], help="chat clients of each load")
     parser.add_argument("--sessions", type=int, default=None, help="sessions labelled per load (400)")
     parser.add_argument("--seconds", type=float, default=None, help="baseline seconds per load (5)")
@@ -379,8 +435,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     args.runners = [name.strip() for name in args.runners.split(",") if name.strip()]
-    if set(args.runners) - {"proxy", "process"}:
-        parser.error("--runners takes proxy and/or process")
+    if set(args.runners) - {"proxy", "process", "rest"}:
+        parser.error("--runners takes proxy, process and/or rest")
     unknown = sorted(set(args.only) - set(DATABASES))
     if unknown:
         parser.error(f"unknown database(s) {', '.join(unknown)}; choose from {', '.join(DATABASES)}")
