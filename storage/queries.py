@@ -165,7 +165,11 @@ async def end_session(session_factory: SessionFactory, session_id: str) -> bool:
     group's, when it was the group's last session to end). False if it had already ended; LookupError if
     there is none."""
     async with write_transaction(session_factory) as db:
-        group_id = await db.scalar(select(Session.group_id).where(Session.id == session_id))
+        row = (await db.execute(select(Session.group_id, Session.reward_hooks)
+                                .where(Session.id == session_id))).one_or_none()
+        if row is None:
+            raise LookupError(f"no session {session_id!r}")
+        group_id, hooks = row
         if group_id is not None:  # ends in one group take turns, so exactly one sees the group complete
             await db.execute(select(Group.id).where(Group.id == group_id).with_for_update())
         result = await db.execute(
@@ -174,11 +178,8 @@ async def end_session(session_factory: SessionFactory, session_id: str) -> bool:
             .values(status=SessionStatus.ENDED.value, ended_at=datetime.now(UTC))
         )
         if affected_rows(result) == 1:
-            await queue_jobs_on_end(db, session_id, group_id)
+            await queue_jobs_on_end(db, session_id, hooks, group_id)
             return True
-        exists = await db.scalar(select(literal(1)).where(Session.id == session_id))
-    if exists is None:
-        raise LookupError(f"no session {session_id!r}")
     return False
 
 

@@ -93,11 +93,11 @@ def _rows(hooks: Any, now: datetime, **subject: str) -> list[dict[str, Any]]:
     ]
 
 
-async def queue_jobs_on_end(db: AsyncSession, session_id: str, group_id: str | None) -> None:
-    """Inside the transaction that ended `session_id`: queue its hooks' jobs, and its group's when every
-    session of the group has now ended (the caller holds the group's row lock)."""
+async def queue_jobs_on_end(db: AsyncSession, session_id: str, hooks: Any, group_id: str | None) -> None:
+    """Inside the transaction that ended `session_id`: queue the jobs of its `hooks` (its `reward_hooks`),
+    and its group's when every session of the group has now ended (the caller holds the group's row
+    lock)."""
     now = datetime.now(UTC)
-    hooks = await db.scalar(select(Session.reward_hooks).where(Session.id == session_id))
     rows = _rows(hooks, now, session_id=session_id)
     if group_id is not None:
         group_hooks, size = (
