@@ -231,7 +231,7 @@ class SessionFinalizer:
 
     async def _finalize_locked(self, session_id: str, *, require_ready: bool) -> int | None:
         """Under the session's guard: None if not ready (with `require_ready`), else trajectories written."""
-        snapshot = await load_session_snapshot(self._session_factory, session_id)
+        snapshot = await load_session_snapshot(self._session_factory, session_id, hook_state=True)
         if snapshot is None:
             raise LookupError(f"no session {session_id!r}")
         if snapshot.status == SessionStatus.FINALIZED.value:

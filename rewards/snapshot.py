@@ -48,7 +48,7 @@ class SessionSnapshot:
     completions: tuple[CompletionRecord, ...]  # call order: created_at, then id
     rewards: tuple[StoredReward, ...]  # arrival order
     has_hooks: bool = False
-    """Reward hooks label it (its own or its group's)."""
+    """Reward hooks label it (its own or its group's); read only when asked for (`hook_state`)."""
     hooks_pending: bool = False
     """One of those hooks has not settled yet (its group's have not even been queued while the group has
     sessions still active)."""
@@ -62,17 +62,23 @@ def as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-async def load_session_snapshot(session_factory: SessionFactory, session_id: str) -> SessionSnapshot | None:
-    """The session with its completions and rewards, or None if there is no such session."""
+async def load_session_snapshot(
+    session_factory: SessionFactory, session_id: str, *, hook_state: bool = False
+) -> SessionSnapshot | None:
+    """The session with its completions and rewards, or None if there is no such session; with
+    `hook_state` (what the finalizer decides by), whether it has reward hooks and whether they are pending
+    (else both False)."""
     async with session_factory() as db, db.begin():
         session = await db.get(Session, session_id)
         if session is None:
             return None
         completions = await _completions(db, session_id)
         rewards = await _rewards(db, session_id)
-        hooks = (
-            await db.execute(select(has_hooks(), hooks_pending()).where(Session.id == session_id))
-        ).one()
+        hooks = (False, False)
+        if hook_state:
+            hooks = (
+                await db.execute(select(has_hooks(), hooks_pending()).where(Session.id == session_id))
+            ).one()
     return SessionSnapshot(
         id=session.id,
         status=session.status,
