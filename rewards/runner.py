@@ -116,19 +116,6 @@ class HookRunner:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
 
-    async def run_until_idle(self) -> int:
-        """Run jobs until none is due and none is running; returns how many runs it started (for tests and
-        benchmarks: a job that keeps failing is run again as its backoff allows)."""
-        started = 0
-        async with self._resources():
-            while True:
-                claimed = await self._claim_some()
-                started += claimed
-                if not self._tasks and claimed == 0:
-                    return started
-                if self._tasks:
-                    await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-
     def wake(self) -> None:
         """Look for due jobs now (a session just ended in this process)."""
         self._wake.set()

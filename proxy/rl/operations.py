@@ -29,7 +29,7 @@ from proxy.services import ProxyServices
 from proxy.sessions import new_group_id, new_session_id
 from rewards.hooks.adapters import HookConfigError
 from rewards.hooks.contract import HookLevel
-from rewards.hooks.spec import HookSpec, stored_hooks
+from rewards.hooks.spec import HookSpec, parse_specs, stored_hooks
 from rewards.snapshot import as_utc, load_session_snapshot
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
@@ -111,7 +111,7 @@ def reward_hooks(
     if requested is None:
         specs = rewards.group_hooks if level == "group" else rewards.hooks
     else:
-        specs = [requested] if isinstance(requested, HookSpec) else list(requested)
+        specs = parse_specs(requested)
     try:
         services.hooks.check(specs, level)
     except HookConfigError as exc:

@@ -97,10 +97,6 @@ def _columns(sessions: Sequence[SessionInput]) -> dict[str, list[Any]]:
     return {key: [session.expected(key) for session in sessions] for key in keys}
 
 
-def _final(session: SessionInput) -> CompletionView | None:
-    return session.final
-
-
 def _prompt_text(completion: CompletionView | None) -> str:
     if completion is None:
         return ""
@@ -113,7 +109,7 @@ def call_shape(fn: Callable[..., Any], shape: Shape, subject: SessionInput | Gro
     if shape == "native":
         return fn(subject, **kwargs)
     sessions = subject.sessions if isinstance(subject, GroupInput) else (subject,)
-    finals = [_final(session) for session in sessions]
+    finals = [session.final for session in sessions]
     if shape == "trl":
         return fn(
             prompts=[list(final.messages) if final else [] for final in finals],

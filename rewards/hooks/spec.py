@@ -89,7 +89,8 @@ class RewardRequestSpec(BaseModel):
 
 
 def parse_specs(value: Any) -> list[HookSpec]:
-    """`reward` as a client sends it: one spec object, a list of them, or `{"hooks": [...]}`."""
+    """`reward` as a client sends it (or as the API parsed it): one spec, a list of them, or
+    `{"hooks": [...]}`."""
     if value is None:
         return []
     if isinstance(value, list):
