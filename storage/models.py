@@ -141,6 +141,7 @@ class Session(Base):
             "(status = 'active' AND ended_at IS NULL) OR (status <> 'active' AND ended_at IS NOT NULL)",
             name="ended_at_matches_status",
         ),
+        Index("ix_sessions_owner_conversation", "owner_key_hash", "conversation"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -152,6 +153,9 @@ class Session(Base):
     reward_hooks: Mapped[Any | None]
     """The hooks (a list of hook specs, rewards/hooks/spec.py) that label the session once it has ended,
     fixed when it was created; NULL: none."""
+    conversation: Mapped[str | None] = mapped_column(String(128))
+    """The conversation hint the owning online key's calls carried (`X-Flywheel-Conversation`); NULL:
+    none, the calls were grouped by their messages alone."""
     status: Mapped[str] = mapped_column(
         String(16), default=SessionStatus.ACTIVE.value, server_default=SessionStatus.ACTIVE.value
     )
@@ -184,6 +188,9 @@ class Completion(Base):
     top_p: Mapped[float] = mapped_column(Double)
     top_k: Mapped[int] = mapped_column(Integer)  # -1: no top-k truncation (SGLang's convention)
     branched: Mapped[bool] = mapped_column(default=False, server_default=false())
+    orphan_of: Mapped[str | None] = mapped_column(String(64))
+    """A retry orphan: a call the client retried, whose conversation continued from this completion
+    instead (same parent, same new messages); NULL: not an orphan."""
     request_json: Mapped[dict[str, Any]]
     response_json: Mapped[dict[str, Any]]
     created_at: Mapped[Created]
@@ -249,19 +256,45 @@ class Trajectory(Base):
     # Sampling temperature of the generated tokens: the trainer's logprobs must use the same one.
     temperature: Mapped[float] = mapped_column(Double, server_default=text("1.0"))
     min_version: Mapped[int]  # oldest behaviour version among generated tokens
+    completion_ids: Mapped[Any | None]
+    """The completions whose generated tokens the sample trains (late feedback on one of them reaches
+    it); NULL on samples written before this was recorded."""
+    baseline_key: Mapped[str | None] = mapped_column(String(64))
+    """Whose running reward baseline an ungrouped sample is measured against (its task, else its
+    online key); NULL: the batch's."""
     created_at: Mapped[Created]
     claimed_at: Mapped[datetime | None]
     claim_token: Mapped[str | None] = mapped_column(String(36), index=True)
     consumed_step: Mapped[int | None] = mapped_column(ForeignKey("train_steps.step"), index=True)
 
 
+class VersionStatus(StrEnum):
+    CANDIDATE = "candidate"  # trained, not served yet: being evaluated (or never gated)
+    PROMOTED = "promoted"  # passed its evaluation (or was pushed without one) and may be served
+    REJECTED = "rejected"  # failed its evaluation: never served
+
+
 class PolicyVersion(Base):
-    """A policy the workers served: bumped by each weight push."""
+    """A policy the trainer produced, one per step. Without promotion gating every version is pushed and
+    recorded promoted; with it, a version is a candidate until its evaluation promotes or rejects it."""
 
     __tablename__ = "policy_versions"
 
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     checkpoint_path: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(
+        String(16), default=VersionStatus.PROMOTED.value, server_default=VersionStatus.PROMOTED.value
+    )
+    parent_version: Mapped[int | None] = mapped_column(Integer)
+    """The version it was trained from (NULL for version 0 and rows from before gating)."""
+    eval_score: Mapped[float | None] = mapped_column(Double)
+    """Mean reward on the eval set; NULL: not evaluated."""
+    eval_details: Mapped[dict[str, Any] | None]
+    """The evaluation: per-item scores, item count, the eval worker, timings."""
+    reason: Mapped[str | None] = mapped_column(Text)
+    """Why it was promoted or rejected, in words."""
+    served_at: Mapped[datetime | None]
+    """When the serving workers last started serving it; the newest one is the version being served."""
     created_at: Mapped[Created]
 
 
@@ -285,6 +318,36 @@ class KeyUsage(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
     day: Mapped[date] = mapped_column(Date, primary_key=True)
     tokens: Mapped[int] = mapped_column(BigInteger)
+
+
+class FeedbackState(StrEnum):
+    APPLIED = "applied"  # joined training: written as a reward before its trajectory was consumed
+    LATE = "late"  # arrived after its trajectory was consumed (or claimed): stored and counted only
+
+
+class Feedback(Base):
+    """One user judgement of one completion (`POST /rl/v1/feedback`): a value or a thumbs, and an
+    optional comment."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (
+        CheckConstraint("state IN ('applied', 'late')", name="state_known"),
+        CheckConstraint("thumbs IS NULL OR thumbs IN ('up', 'down')", name="thumbs_known"),
+        CheckConstraint(f"value {_FINITE}", name="value_finite"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
+    completion_id: Mapped[str] = mapped_column(ForeignKey("completions.id"), index=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    """The key that gave it."""
+    value: Mapped[float | None] = mapped_column(Double)
+    thumbs: Mapped[str | None] = mapped_column(String(4))
+    comment: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    reward_id: Mapped[int | None] = mapped_column(ForeignKey("rewards.id"))
+    """The reward it wrote, when it was applied with a value."""
+    created_at: Mapped[Created]
 
 
 class RewardJob(Base):

@@ -24,6 +24,7 @@ TABLES = {
     "completions",
     "rewards",
     "reward_jobs",
+    "feedback",
     "trajectories",
     "policy_versions",
     "train_steps",
