@@ -84,6 +84,7 @@ def concatenate_chain(
         versions=np.concatenate(versions),
         reward=float(reward),
         temperature=float(temperatures.pop()) if temperatures else 1.0,
+        completion_ids=tuple(c.id for c in chain if c.id in trained),
     )
 
 

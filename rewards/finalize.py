@@ -174,6 +174,7 @@ def build_trajectory(prompt_ids: IntArray, completion: CompletionRecord, reward:
         versions=np.concatenate([np.full(n_prompt, -1, dtype=np.int32), output_versions]),
         reward=float(reward),
         temperature=float(completion.temperature),
+        completion_ids=(completion.id,),
     )
 
 

@@ -260,6 +260,7 @@ async def _load_samples(db: AsyncSession, ids: Sequence[int]) -> tuple[TrainingS
             reward=t.reward,
             group_id=t.group_id,
             temperature=t.temperature,
+            baseline_key=t.baseline_key,
         )
         for t in rows
     )

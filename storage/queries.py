@@ -3,6 +3,8 @@ trajectories. The trainer's claim and step functions live in storage/claims.py (
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
@@ -265,7 +267,7 @@ async def insert_trajectories(
     transaction on no completion can join the session (a trigger refuses it: migration 0006)."""
     rows = [_trajectory_row(t) for t in trajectories]
     async with write_transaction(session_factory) as db:
-        group_id = await _finalize(db, session_id)
+        group_id, baseline_key = await _finalize(db, session_id)
         if completions is not None:
             now = await db.scalar(
                 select(func.count()).select_from(Completion).where(Completion.session_id == session_id)
@@ -275,27 +277,39 @@ async def insert_trajectories(
         if not rows:
             return []
         for row in rows:
-            row.update(session_id=session_id, group_id=group_id)
+            row.update(session_id=session_id, group_id=group_id, baseline_key=baseline_key)
         result = await db.execute(
             insert(Trajectory).returning(Trajectory.id, sort_by_parameter_order=True), rows
         )
         return list(result.scalars())
 
 
-async def _finalize(db: AsyncSession, session_id: str) -> str | None:
+async def _finalize(db: AsyncSession, session_id: str) -> tuple[str | None, str | None]:
+    """Mark the session finalized; its group and the baseline key of its samples."""
     now = datetime.now(UTC)
     result = await db.execute(
         update(Session)
         .where(Session.id == session_id, Session.status != SessionStatus.FINALIZED.value)
         .values(status=SessionStatus.FINALIZED.value, ended_at=func.coalesce(Session.ended_at, now))
-        .returning(Session.group_id)
+        .returning(Session.group_id, Session.task, Session.owner_key_hash)
     )
     row = result.one_or_none()
     if row is not None:
-        return row.group_id
+        return row.group_id, baseline_key(row.task, row.owner_key_hash)
     if await db.scalar(select(literal(1)).where(Session.id == session_id)) is None:
         raise LookupError(f"no session {session_id!r}")
     raise ValueError(f"session {session_id!r} is already finalized")
+
+
+def baseline_key(task: Any, owner_key_hash: str | None) -> str | None:
+    """The running-baseline key of a session's samples: its task (a digest of its canonical JSON), else
+    the online key that made it; None when it has neither (the batch is its baseline)."""
+    if task is not None:
+        canonical = json.dumps(task, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return "task:" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+    if owner_key_hash is not None:
+        return "key:" + owner_key_hash[:40]
+    return None
 
 
 def _trajectory_row(t: TrajectoryRecord) -> dict[str, Any]:
@@ -316,6 +330,7 @@ def _trajectory_row(t: TrajectoryRecord) -> dict[str, Any]:
         "reward": float(t.reward),
         "temperature": float(t.temperature),
         "min_version": int(generated.min()),
+        "completion_ids": list(t.completion_ids) or None,
     }
 
 

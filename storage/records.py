@@ -73,6 +73,7 @@ class TrajectoryRecord:
     versions: IntsLike  # per token; -1 for tokens the policy did not generate
     reward: float
     temperature: float = 1.0  # the generated tokens' sampling temperature
+    completion_ids: tuple[str, ...] = ()  # the completions whose generated tokens it trains
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -87,6 +88,7 @@ class TrainingSample:
     reward: float
     group_id: str | None  # None: a singleton, normalised with batch baselines
     temperature: float = 1.0  # compute the trainer's logprobs at this sampling temperature
+    baseline_key: str | None = None  # a singleton's running-baseline key (its task or key); None: batch
 
     @property
     def min_version(self) -> int:
