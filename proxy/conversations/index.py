@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from proxy.config import DEFAULT_MAX_NODES, DEFAULT_MAX_SESSIONS
 from proxy.conversations.text import ConversationKeys, MessageKey, is_assistant
 from proxy.conversations.tree import SessionTree
+from proxy.privacy import is_redacted
 from storage.engine import SessionFactory
 from storage.queries import load_session_completions
 from storage.records import CompletionRecord
@@ -51,7 +52,7 @@ class ConversationIndex:
         if tree is not None and not reload:
             self._trees.move_to_end(session_id)
             return tree, False
-        records = [] if new else await load_session_completions(self._session_factory, session_id)
+        records = [] if new else chainable(await load_session_completions(self._session_factory, session_id))
         tree = SessionTree(max_nodes=self._max_nodes)
         if not tree.add_all(records):
             logger.warning("session %s: some completions have parents outside it; not matched", session_id)
@@ -100,3 +101,18 @@ class ConversationIndex:
             tree = self._trees.get(record.session_id)
             if tree is not None and not tree.add(record, keys):
                 self._forget(record.session_id)  # incomplete: rebuild from the database next time
+
+
+def chainable(records: Sequence[CompletionRecord]) -> list[CompletionRecord]:
+    """The stored completions a reloaded tree may chain onto: not those whose JSON was redacted
+    (proxy.privacy), nor their descendants. Their stored messages are not what the model saw, so a call
+    extending them is rendered afresh rather than matched against placeholders."""
+    unusable: set[str] = set()
+    for record in records:  # call order: parents first
+        if record.parent_id in unusable or is_redacted(record.request_json):
+            unusable.add(record.id)
+    while True:  # a child stored in the same instant as its parent may come first
+        more = {r.id for r in records if r.parent_id in unusable and r.id not in unusable}
+        if not more:
+            return [record for record in records if record.id not in unusable]
+        unusable |= more

@@ -34,6 +34,7 @@ from proxy.openai.responses.stream import ResponsesStream
 from proxy.openai.schemas import ChatCompletionRequest
 from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
 from proxy.recording.records import completion_records
+from proxy.recording.redaction import refuse_redacted
 from proxy.services import ProxyServices, get_services
 from proxy.tokenize import ChatTokenizer
 from proxy.workers.plan import ChoiceResult
@@ -138,6 +139,7 @@ async def previous_items(
             raise OpenAIError(400, f"previous_response_id chains longer than {MAX_CHAIN} are not supported.",
                               "invalid_request_error", param="previous_response_id")
         row = await stored_response(services, principal, response_id, param="previous_response_id")
+        refuse_redacted(row.request_json, response_id)  # its stored text is not what the model saw
         request_input = row.request_json.get("input")
         items = [{"role": "user", "content": request_input}] if isinstance(request_input, str) else list(
             request_input or []
