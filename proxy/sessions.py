@@ -1,7 +1,8 @@
 """Session and group ids; the sessions the proxy opens by itself: one for each admin call (which has no
 session of its own) and one for each new conversation on an online key (such a session's key is never
-handed out: an admin key, or the online key that owns the session, acts on it); and the calls each
-session has in flight, which its end waits for."""
+handed out: an admin key, or the online key that owns the session, acts on it); the calls each session
+has in flight, which its end waits for; and the hinted sessions being opened, which the other calls
+with their hint wait for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Literal
 
 from proxy.errors import OpenAIError
@@ -35,12 +37,13 @@ def new_group_id() -> str:
 async def create_hidden_session(
     session_factory: SessionFactory, origin: Origin, owner_key_hash: str | None = None,
     session_id: str | None = None, reward_hooks: list[dict[str, Any]] | None = None,
+    conversation: str | None = None,
 ) -> str:
     """Create a session (`session_id`, else a new id) for a call that has none (metadata `origin`);
     return its id. `owner_key_hash`: the online key that owns it (and may reward and end it). Nobody
     rewards a one-off admin call, so its session is never trained on (`missing_reward: drop`, which the
     finalizer honours), nor are its hooks run; an online conversation's session is labelled by
-    `reward_hooks`."""
+    `reward_hooks`, and by `conversation` when its calls carry a hint (proxy/conversations/online.py)."""
     session_id = session_id or new_session_id()
     metadata: dict[str, Any] = {"origin": origin}
     if origin == ADMIN_CALL_ORIGIN:
@@ -50,6 +53,7 @@ async def create_hidden_session(
     await create_session(session_factory, SessionRecord(
         id=session_id, key_hash=secrets.token_hex(32), metadata=metadata,
         owner_key_hash=owner_key_hash, reward_hooks=None if origin == ADMIN_CALL_ORIGIN else reward_hooks,
+        conversation=conversation,
     ))
     logger.debug("session %s opened for a call (%s)", session_id, origin)
     return session_id
@@ -119,3 +123,33 @@ class SessionCalls:
             del self._closed[session_id]
             return False
         return True
+
+
+class NewConversations:
+    """The hinted sessions this proxy is opening, by (online key, hint). The first call of a conversation
+    hint reserves its session until the session is created (or the call failed first); the calls with
+    that hint arriving meanwhile wait, then join it, so that calls opening one conversation at once share
+    one session. (Proxies do not see each other's: two proxies may each open one.)"""
+
+    def __init__(self) -> None:
+        self._opening: dict[tuple[str, str], asyncio.Event] = {}
+
+    async def settled(self, key_hash: str, hint: str) -> None:
+        """Return once no call here is opening the session of this hint."""
+        while (opening := self._opening.get((key_hash, hint))) is not None:
+            await opening.wait()
+
+    def reserve(self, key_hash: str, hint: str) -> Callable[[], None] | None:
+        """Reserve opening the session of this hint; returns the release (call it once the session is
+        created, or will never be), or None when another call holds the reservation."""
+        key = (key_hash, hint)
+        if key in self._opening:
+            return None
+        opening = self._opening[key] = asyncio.Event()
+
+        def release() -> None:
+            if self._opening.get(key) is opening:
+                del self._opening[key]
+                opening.set()
+
+        return release

@@ -17,6 +17,11 @@ A session finalized without any reward follows `missing_reward` ("zero" or "drop
 session whose reward hooks (or its group's) have not settled is never finalized, on request or by the
 sweep: its trajectories would lack their rewards.
 
+Retry orphans (rewards/orphans.py: a call the client retried, whose conversation went on from the
+retry) are marked `orphan_of` in the finalization's transaction and counted
+(`flywheel_retry_orphans_total`); they are left out of the trajectories, and out of what makes a session
+ready, unless `train_retry_orphans`.
+
 Calls still in flight: before an ended session is finalized, the process's `CallsInFlight` (the proxy's)
 closes it to new calls and the finalization waits until the calls that had started are recorded, so an
 answered call is never left out of its session's trajectories.
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy import and_, func, or_, select
 
 from rewards.concatenate import build_concatenated_trajectories
@@ -42,12 +48,13 @@ from rewards.finalize import (
     is_ready,
     is_trainable,
 )
+from rewards.orphans import retry_orphans
 from rewards.snapshot import SessionSnapshot, as_utc, load_session_snapshot
 from storage.engine import SessionFactory
 from storage.errors import is_unavailable
 from storage.models import Completion, Session, SessionStatus
 from storage.queries import SessionChangedError, end_session, insert_trajectories
-from storage.records import TrajectoryRecord
+from storage.records import CompletionRecord, TrajectoryRecord
 from storage.reward_jobs import hooks_pending
 
 logger = logging.getLogger(__name__)
@@ -72,6 +79,17 @@ class CallsInFlight(Protocol):
         """Return once no call of the session is running."""
 
 
+class FinalizerMetrics:
+    """What the finalizer counts, on the registry it is given (the proxy's)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.retry_orphans = Counter(
+            "flywheel_retry_orphans", "Retry orphans found in finalized sessions (rewards/orphans.py)",
+            registry=self.registry,
+        )
+
+
 @dataclass(eq=False)
 class _Guard:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -82,11 +100,13 @@ class SessionFinalizer:
     """Builds and writes each ended session's trajectories exactly once (see the module docstring)."""
 
     def __init__(
-        self, session_factory: SessionFactory, config: FinalizerConfig, calls: CallsInFlight | None = None
+        self, session_factory: SessionFactory, config: FinalizerConfig, calls: CallsInFlight | None = None,
+        metrics: FinalizerMetrics | None = None,
     ) -> None:
         self._session_factory = session_factory
         self.config = config
         self._calls = calls
+        self.metrics = metrics if metrics is not None else FinalizerMetrics()
         self._tasks: set[asyncio.Task[int | None]] = set()
         self._guards: dict[str, _Guard] = {}
 
@@ -242,20 +262,33 @@ class SessionFinalizer:
             raise SessionActiveError(f"session {session_id} is still active: end it before finalizing")
         if snapshot.hooks_pending:  # not trainable yet: the runner's settling finalizes it (or the sweep)
             return None
+        orphans = await asyncio.to_thread(retry_orphans, snapshot.completions)
+        completions = self._trained(snapshot.completions, orphans)
         rewards = combine_rewards(snapshot.reward_entries(), self.config.rest_and_hooks)
-        trainable = [c.id for c in snapshot.completions if is_trainable(c)]
+        trainable = [c.id for c in completions if is_trainable(c)]
         if require_ready and not snapshot.has_hooks and not is_ready(rewards, trainable):
             return None
-        trajectories = await asyncio.to_thread(self._trajectories, snapshot)
+        trajectories = await asyncio.to_thread(self._trajectories, snapshot, completions)
         try:
-            return await self._write(session_id, trajectories, len(snapshot.completions))
+            return await self._write(session_id, trajectories, len(snapshot.completions), orphans)
         except SessionChangedError:  # a call was recorded meanwhile: build again with it
             logger.info("session %s: a completion arrived while finalizing; building it again", session_id)
             return await self._finalize_locked(session_id, require_ready=require_ready)
 
-    def _trajectories(self, snapshot: SessionSnapshot) -> list[TrajectoryRecord]:
+    def _trained(
+        self, completions: tuple[CompletionRecord, ...], orphans: dict[str, str]
+    ) -> tuple[CompletionRecord, ...]:
+        """The completions trajectories are built from: all, or all but the retry orphans (which no
+        completion extends, so every chain stays whole)."""
+        if not orphans or self.config.train_retry_orphans:
+            return completions
+        return tuple(c for c in completions if c.id not in orphans)
+
+    def _trajectories(
+        self, snapshot: SessionSnapshot, completions: tuple[CompletionRecord, ...]
+    ) -> list[TrajectoryRecord]:
         rewards = combine_rewards(snapshot.reward_entries(), self.config.rest_and_hooks)
-        trainable = {c.id for c in snapshot.completions if is_trainable(c)}
+        trainable = {c.id for c in completions if is_trainable(c)}
         excluded = len(snapshot.completions) - len(trainable)
         ignored = sorted(set(rewards.completions) - trainable)
         if ignored:
@@ -270,18 +303,17 @@ class SessionFinalizer:
                 return []
         try:
             if self.config.style == "concatenated":
-                trajectories = build_concatenated_trajectories(snapshot.completions, rewards)
+                trajectories = build_concatenated_trajectories(completions, rewards)
             else:
-                trajectories = build_session_trajectories(
-                    snapshot.completions, rewards, self.config.turn_discount
-                )
+                trajectories = build_session_trajectories(completions, rewards, self.config.turn_discount)
         except ValueError:
             # Broken history (a missing parent, an overflowing reward): reject the session rather than
             # retry it forever and hold its group back.
             logger.exception("session %s: cannot build trajectories; finalizing it without any", snapshot.id)
             return []
         logger.info(
-            "session %s: %d trajectories from %d completions (%d excluded: aborted, empty or unversioned)",
+            "session %s: %d trajectories from %d completions (%d excluded: aborted, empty, unversioned or "
+            "retry orphans)",
             snapshot.id,
             len(trajectories),
             len(snapshot.completions),
@@ -289,14 +321,21 @@ class SessionFinalizer:
         )
         return trajectories
 
-    async def _write(self, session_id: str, trajectories: list[TrajectoryRecord], completions: int) -> int:
+    async def _write(
+        self, session_id: str, trajectories: list[TrajectoryRecord], completions: int, orphans: dict[str, str]
+    ) -> int:
         try:
-            ids = await insert_trajectories(self._session_factory, session_id, trajectories, completions)
+            ids = await insert_trajectories(self._session_factory, session_id, trajectories, completions,
+                                            orphans)
         except ValueError:
             if await self._status(session_id) != SessionStatus.FINALIZED.value:
                 raise
             logger.info("session %s: finalized concurrently elsewhere; nothing written here", session_id)
             return 0
+        if orphans:
+            self.metrics.retry_orphans.inc(len(orphans))
+            logger.info("session %s: %d retry orphan(s), %s: %s", session_id, len(orphans),
+                        "trained" if self.config.train_retry_orphans else "not trained", sorted(orphans))
         return len(ids)
 
     async def _status(self, session_id: str) -> str | None:

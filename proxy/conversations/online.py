@@ -4,6 +4,14 @@ that extends one joins that session (and chains token-exactly, proxy/conversatio
 call starts a new session, owned by the key (sessions.owner_key_hash, metadata origin "online"). The key
 may reward and end the sessions it owns; sessions nobody ends are ended and finalized by the
 finalizer's `session_ttl_s`, counted from their last call.
+
+A call may name its conversation instead (`conversation_hint`: the `X-Flywheel-Conversation` header, for
+agents that rewrite their history and so never extend their own earlier calls): it joins the active
+session the key owns with that hint (sessions.conversation), or starts one with it, whatever its
+messages; within that session its prompt still chains token-exactly where the history allows, else it is
+a flagged branch. Hinted and unhinted calls never share a session: `find_online_session` looks only at
+the key's sessions without a hint. docs/online-grouping.md says why a header, and what a new
+conversation does to the last (`proxy.online.end_on_new_conversation`).
 """
 
 from __future__ import annotations
@@ -13,17 +21,34 @@ from typing import Any
 
 from proxy.conversations.index import ConversationIndex
 from proxy.conversations.text import MessageKey, is_assistant, message_key, tools_key
+from proxy.errors import OpenAIError
 from storage.engine import SessionFactory
 from storage.queries import active_owned_sessions
+
+CONVERSATION_HEADER = "x-flywheel-conversation"
+HINT_MAX_CHARS = 128  # sessions.conversation's width
+
+
+def conversation_hint(value: str | None) -> str | None:
+    """An online key's conversation hint, from its call's `X-Flywheel-Conversation` header (None without
+    one): 1 to 128 printable ASCII characters, else a 400 naming the header."""
+    if value is None:
+        return None
+    if 0 < len(value) <= HINT_MAX_CHARS and value.isascii() and value.isprintable():
+        return value
+    raise OpenAIError(
+        400, f"The X-Flywheel-Conversation header must be 1 to {HINT_MAX_CHARS} printable ASCII characters.",
+        "invalid_request_error", param="X-Flywheel-Conversation", code="invalid_conversation_hint",
+    )
 
 
 async def find_online_session(
     index: ConversationIndex, session_factory: SessionFactory, key_hash: str,
     messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
 ) -> str | None:
-    """The session of an online key's call: the active session it owns whose conversation the call
-    extends most deeply (the newest on a tie); None when the call starts a conversation (the caller
-    then creates a session owned by the key: proxy/sessions.py)."""
+    """The session of an online key's unhinted call: the active session without a hint it owns whose
+    conversation the call extends most deeply (the newest on a tie); None when the call starts a
+    conversation (the caller then creates a session owned by the key: proxy/sessions.py)."""
     keys = [message_key(m) for m in messages]
     # A completion is matched by its messages and its answer, and the call must add a message after it:
     # without an assistant message before its last, a call starts a conversation.

@@ -9,9 +9,12 @@ the records and the stream's events ("results → response"). Nothing here knows
 
 Which session a call belongs to (`CallSession`):
 - a session key: its own session;
-- an online key: for a conversation call, the active session it owns whose conversation the call
-  extends (proxy/conversations/online.py), else a new session owned by the key; a raw-prompt call is a
-  conversation of its own;
+- an online key: with a conversation hint (the `X-Flywheel-Conversation` header), the active session it
+  owns with that hint, else a new one with it; without one, for a conversation call, the active session
+  without a hint it owns whose conversation the call extends (proxy/conversations/online.py), else a new
+  session owned by the key, which ends the key's older unhinted sessions
+  (`proxy.online.end_on_new_conversation`, in the background); a raw-prompt call is a conversation of
+  its own. A session or admin key's hint is ignored;
 - an admin key: a one-off session, ended as soon as the call's completions are recorded and never
   trained on. The `x-flywheel-session-id` header names it (reward it through the RL API like any other).
 A new session is created only once the request is known to be valid and planned.
@@ -20,6 +23,7 @@ A new session is created only once the request is known to be valid and planned.
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +34,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from proxy.auth import Principal, require_principal
-from proxy.conversations.online import find_online_session
+from proxy.conversations.online import CONVERSATION_HEADER, conversation_hint, find_online_session
 from proxy.conversations.prompt import ConversationPrompt
 from proxy.errors import OpenAIError
 from proxy.openai.request_body import parsed_body
@@ -51,8 +55,11 @@ from proxy.workers.calls import generate, open_stream
 from proxy.workers.plan import ChoiceResult, GenerationPlan, SamplingRequest, plan_generation
 from proxy.workers.resume_stream import ResumingStream
 from rewards.hooks.spec import stored_hooks
+from storage.online_sessions import hinted_session, older_unhinted_sessions
 from storage.queries import end_session
 from storage.records import CompletionRecord
+
+logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-flywheel-session-id"
 
@@ -63,11 +70,13 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class CallSession:
     """The session a call belongs to. `origin` is set for one the proxy creates for the call (once it is
-    planned): a one-off admin call's, or a new conversation's on an online key (`owner`)."""
+    planned): a one-off admin call's, or a new conversation's on an online key (`owner`, and the call's
+    `conversation` hint if it had one)."""
 
     id: str
     origin: Origin | None = None
     owner: str | None = None
+    conversation: str | None = None
 
     @property
     def is_new(self) -> bool:
@@ -92,21 +101,55 @@ class Part:
 class CallContext:
     """What an API's planning step may use: the services, the caller, and the call's session."""
 
-    def __init__(self, services: ProxyServices, principal: Principal, large: bool = False) -> None:
+    def __init__(
+        self, services: ProxyServices, principal: Principal, large: bool = False, hint: str | None = None
+    ) -> None:
         self.services = services
         self.principal = principal
         self.large = large
         """The body is larger than `proxy.parse_in_thread_bytes`: the call's work in proportion to its
         prompt (the template's messages, message keys, rendering) runs in worker threads, leaving the
         event loop to other calls."""
+        self.hint = hint
+        """An online key's conversation hint (`join_conversation` finds its session)."""
+        self._hinted: CallSession | None = None
+        self._release: Callable[[], None] | None = None
+
+    async def join_conversation(self) -> None:
+        """Find the session of the call's hint: the online key's active session with it, else a new one,
+        reserved here until `settle` (calls with the same hint meanwhile wait for it, then join it)."""
+        key_hash, hint = self.principal.key_hash, self.hint
+        assert key_hash is not None and hint is not None
+        services = self.services
+        opening = services.new_conversations
+        while True:
+            await opening.settled(key_hash, hint)
+            found = await hinted_session(services.session_factory, key_hash, hint)
+            if found is not None:
+                self._hinted = CallSession(found)
+                return
+            release = opening.reserve(key_hash, hint)
+            if release is not None:  # else another call began opening it meanwhile: wait for that one
+                self._release = release
+                self._hinted = CallSession(new_session_id(), ONLINE_ORIGIN, key_hash, hint)
+                return
+
+    def settle(self) -> None:
+        """The call's new hinted session exists now, or never will: the calls waiting for it go on."""
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     async def prepare(self, work: Callable[[], T]) -> T:
         """`work()`, in a worker thread for a large call."""
         return await asyncio.to_thread(work) if self.large else work()
 
     def new_session(self) -> CallSession:
-        """The session of a call that extends no conversation: the session key's own, else a new one."""
+        """The session of a call that extends no conversation: the session key's own, its hint's, else a
+        new one."""
         principal = self.principal
+        if self._hinted is not None:
+            return self._hinted
         if principal.session_id is not None:
             return CallSession(principal.session_id)
         if principal.scope == "online":
@@ -116,9 +159,11 @@ class CallContext:
     async def conversation_session(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
     ) -> CallSession:
-        """The session of a conversation call: an online key's call joins the session whose
-        conversation it extends, when one of the key's does."""
+        """The session of a conversation call: an online key's call joins its hint's session, else the
+        session whose conversation it extends, when one of the key's does."""
         principal = self.principal
+        if self._hinted is not None:
+            return self._hinted
         if principal.scope == "online" and principal.key_hash is not None:
             services = self.services
             found = await find_online_session(
@@ -227,25 +272,33 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
     limiter = services.limiter
     limiter.admit(principal)  # 429 for a key over its rate or its tokens of the day, before any work
     count_tokens = limiter.counter(principal)  # None: the key has no daily quota, nothing to count
+    # Only an online key's calls are grouped by conversation: any other key's hint is ignored.
+    hint = None
+    if principal.scope == "online":
+        hint = conversation_hint(request.headers.get(CONVERSATION_HEADER))
 
     config = services.config
     request_json, body, large = await parsed_body(request, api.body_model, config.limits,
                                                   config.parse_in_thread_bytes)
     services.database.check()  # new work waits for a database that is down: 503 with Retry-After
-    call = await api.plan(CallContext(services, principal, large), body, request_json)
-    session = call.session
+    context = CallContext(services, principal, large, hint)
     calls = services.calls
-    calls.enter(session.id)  # from here until recorded, the session's end waits for this call
+    try:
+        if hint is not None:
+            await context.join_conversation()
+        call = await api.plan(context, body, request_json)
+        session = call.session
+        calls.enter(session.id)  # from here until recorded, the session's end waits for this call
+        try:
+            if session.is_new:
+                await _open_session(services, session)
+        except BaseException:
+            calls.leave(session.id)
+            raise
+    finally:
+        context.settle()
     handed_over = False
     try:
-        if session.is_new:
-            assert session.origin is not None
-            hooks = None
-            if session.origin == ONLINE_ORIGIN:
-                rewards = services.rewards
-                hooks = stored_hooks(rewards.online_hooks, rewards.runner.max_attempts)
-            await create_hidden_session(services.session_factory, session.origin, session.owner, session.id,
-                                        hooks)
         end = _SessionEnd(services, session.id) if session.one_off else None
         headers = {SESSION_HEADER: session.id}
         if call.streaming:
@@ -261,6 +314,39 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
     finally:
         if not handed_over:
             calls.leave(session.id)
+
+
+async def _open_session(services: ProxyServices, session: CallSession) -> None:
+    """Create the call's new session; for a new unhinted conversation on an online key, end the key's
+    older unhinted sessions in the background (`proxy.online.end_on_new_conversation`)."""
+    assert session.origin is not None
+    hooks = None
+    if session.origin == ONLINE_ORIGIN:
+        rewards = services.rewards
+        hooks = stored_hooks(rewards.online_hooks, rewards.runner.max_attempts)
+    await create_hidden_session(services.session_factory, session.origin, session.owner, session.id, hooks,
+                                session.conversation)
+    if (session.origin == ONLINE_ORIGIN and session.owner is not None and session.conversation is None
+            and services.config.online.end_on_new_conversation):
+        services.background.spawn(_end_older_sessions(services, session.owner, session.id),
+                                   name=f"end sessions before {session.id}")
+
+
+async def _end_older_sessions(services: ProxyServices, owner: str, newer: str) -> None:
+    """End the online key's unhinted sessions older than its new one `newer`, as the RL API's end does:
+    their hooks queued with the end, their finalization scheduled (it waits for their calls in flight).
+    A failure is logged; those sessions then end by their TTL."""
+    factory = services.session_factory
+    try:
+        for session_id in await older_unhinted_sessions(factory, owner, newer):
+            if await end_session(factory, session_id):
+                logger.info("session %s ended: its online key started a new conversation (%s)",
+                            session_id, newer)
+                if services.hook_runner is not None:
+                    services.hook_runner.wake()
+                services.finalizer.schedule(session_id)
+    except Exception as exc:  # in the background: nobody to answer
+        logger.warning("could not end the sessions older than %s (their TTL will): %s", newer, exc)
 
 
 async def _answer(

@@ -19,6 +19,9 @@ from tests.support.proxy_harness import Proxy, ProxyFactory
 from tests.support.scripted_worker import ScriptedWorker
 
 SESSION_HEADER = "x-flywheel-session-id"
+INTERLEAVED = {"end_on_new_conversation": False}
+"""For the tests holding several unhinted conversations of one key at once: else each new one ends the
+last (tests/integration/test_online_grouping.py)."""
 
 
 def create_online_key(db_url: str, cwd: Path) -> str:
@@ -51,7 +54,7 @@ def rl(proxy: Proxy, key: str, path: str, body: dict[str, Any] | None = None) ->
 def test_online_key_calls_join_sessions_by_conversation(
     proxies: ProxyFactory, scripted: ScriptedWorker, db_url: str, tmp_path: Path
 ) -> None:
-    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    proxy = proxies.start([scripted.url], health_check_interval_s=0, online=INTERLEAVED)
     key = create_online_key(db_url, tmp_path)
 
     trip = [{"role": "user", "content": "Plan a trip."}]
@@ -112,7 +115,8 @@ def test_online_conversations_find_their_sessions_beyond_the_trees_held(
     """With one session tree in memory, three conversations continued in turn each rejoin their own
     session (the others' trees come back from the database) and chain onto their last turn; a first call
     that carries few-shot assistant turns no completion answered starts a session of its own."""
-    proxy = proxies.start([scripted.url], health_check_interval_s=0, conversation_sessions_max=1)
+    proxy = proxies.start([scripted.url], health_check_interval_s=0, conversation_sessions_max=1,
+                          online=INTERLEAVED)
     key = create_online_key(db_url, tmp_path)
     conversations: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     for topic in ("trip", "poem", "song"):
@@ -146,7 +150,7 @@ def test_online_key_text_completions_get_sessions_it_owns(
 ) -> None:
     """A legacy /v1/completions call on an online key is a conversation of its own: its session is the
     key's (active, rewardable and endable by it), never an admin call's one-off session nobody trains on."""
-    proxy = proxies.start([scripted.url], health_check_interval_s=0)
+    proxy = proxies.start([scripted.url], health_check_interval_s=0, online=INTERLEAVED)
     key = create_online_key(db_url, tmp_path)
     client = proxy.client(key)
 
