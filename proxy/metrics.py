@@ -111,6 +111,11 @@ class ProxyMetrics:
             "flywheel_proxy_database_up", "1 while the database answers, 0 while the proxy refuses new work "
             "because it does not", registry=self.registry,
         )
+        self.feedback = Counter(
+            "flywheel_feedback", "User feedback stored (POST /rl/v1/feedback), by state: applied (it reaches "
+            "training) or late (its trajectories were claimed or consumed already, or none trains it)",
+            ["state"], registry=self.registry,
+        )
         self.stream_disconnects = Counter(
             "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
             registry=self.registry,

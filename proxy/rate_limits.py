@@ -10,8 +10,9 @@ the others.
   overshoot by what they served in one interval.
 
 A limit comes from the key itself when set (`api_keys.requests_per_s`, `burst`, `tokens_per_day`: see
-`flywheel keys create --help`), else from the defaults of its kind (`proxy.rate_limits`). A refusal
-is a 429 with `Retry-After` and OpenAI's `x-ratelimit-*` headers.
+`flywheel keys create --help`), else from the defaults of its kind (`proxy.rate_limits`). Feedback
+calls (`POST /rl/v1/feedback`) have a token bucket per key of their own, `proxy.rate_limits.feedback`
+for every kind of key. A refusal is a 429 with `Retry-After` and OpenAI's `x-ratelimit-*` headers.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ class RequestRates:
         self._buckets: dict[int, Bucket] = {}
         self._max_keys = max_keys
 
-    def take(self, key_id: int, limit: KeyRateLimit) -> None:
-        """Spend one request of the key's rate; 429 when none is left."""
+    def take(self, key_id: int, limit: KeyRateLimit, what: str = "requests") -> None:
+        """Spend one request of the key's rate; 429 when none is left (its message counts `what`)."""
         rate = limit.requests_per_s
         if rate is None:
             return
@@ -101,7 +102,7 @@ class RequestRates:
         if wait > 0:
             headers = {"x-ratelimit-limit-requests": str(int(burst)), "x-ratelimit-remaining-requests": "0",
                        "x-ratelimit-reset-requests": f"{wait:.3f}s"}
-            raise rate_limited(f"Rate limit reached: {rate:g} requests per second for this API key (burst "
+            raise rate_limited(f"Rate limit reached: {rate:g} {what} per second for this API key (burst "
                                f"{int(burst)}). Retry after {wait:.2f} s.", wait, headers)
         bucket.tokens -= 1
 
@@ -176,13 +177,21 @@ class DailyTokens:
 
 
 class KeyLimiter:
-    """The limits of every key: `admit` before a call's work, `count` what it served once recorded."""
+    """The limits of every key: `admit` before a call's work, `count` what it served once recorded;
+    `admit_feedback` before a feedback call (a bucket of its own)."""
 
     def __init__(self, config: RateLimitsConfig, session_factory: SessionFactory) -> None:
         self._config = config
         self._limits: dict[tuple[str, KeyLimits], KeyRateLimit] = {}
         self.rates = RequestRates()
+        self.feedback_rates = RequestRates()
         self.tokens = DailyTokens(session_factory, config.flush_interval_s)
+
+    def admit_feedback(self, principal: Principal) -> None:
+        """429 if the caller's key is over its feedback rate (`proxy.rate_limits.feedback`); else the call
+        is counted. Inference calls never spend this bucket, nor feedback calls theirs."""
+        if principal.key_id is not None:
+            self.feedback_rates.take(principal.key_id, self._config.feedback, "feedback calls")
 
     def admit(self, principal: Principal) -> None:
         """429 if the caller's key is over its rate or its daily tokens; else the call is counted."""

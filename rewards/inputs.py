@@ -1,5 +1,5 @@
-"""A stored session as a hook sees it (pure): each completion's whole prompt as messages and token ids, and
-its answer as a message and as text.
+"""A stored session as a hook sees it (pure): each completion's whole prompt as messages and token ids, its
+answer as a message and as text, and its users' feedback.
 
 A completion with a parent stores only what it added (its new messages, its prompt's token suffix), so the
 whole prompt is rebuilt through the chain: the parent's prompt, the parent's answer, then its own part.
@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rewards.finalize import full_prompts, is_trainable
-from rewards.hooks.contract import CompletionView, GroupInput, SessionInput
+from rewards.hooks.contract import CompletionView, FeedbackView, GroupInput, SessionInput
 from rewards.snapshot import SessionSnapshot
+from storage.feedback import StoredFeedback
 from storage.records import CompletionRecord
 
 CHAT_VIEW = "chat_view"  # what a Responses API call records beside its request (its messages as chat)
@@ -88,6 +89,14 @@ def completion_views(completions: Sequence[CompletionRecord]) -> tuple[Completio
     return tuple(views)
 
 
+def feedback_views(feedback: Sequence[StoredFeedback]) -> tuple[FeedbackView, ...]:
+    """The session's feedback (in arrival order) as hooks see it."""
+    return tuple(
+        FeedbackView(completion_id=f.completion_id, value=f.value, thumbs=f.thumbs, comment=f.comment)
+        for f in feedback
+    )
+
+
 def session_input(snapshot: SessionSnapshot) -> SessionInput:
     return SessionInput(
         session_id=snapshot.id,
@@ -95,6 +104,7 @@ def session_input(snapshot: SessionSnapshot) -> SessionInput:
         task=snapshot.task,
         metadata=dict(snapshot.metadata),
         completions=completion_views(snapshot.completions),
+        feedback=feedback_views(snapshot.feedback),
     )
 
 

@@ -1,5 +1,5 @@
-"""Read one session as the finalizer and the RL API see it: its row, its completions in call order and
-its rewards in arrival order, read in one transaction."""
+"""Read one session as the finalizer and the RL API see it: its row, its completions in call order, its
+rewards and its users' feedback in arrival order, read in one transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from rewards.finalize import RewardEntry
 from storage.engine import SessionFactory
+from storage.feedback import StoredFeedback, feedback_of_session
 from storage.models import Completion, Reward, Session
 from storage.queries import completion_record
 from storage.records import CompletionRecord
@@ -52,6 +53,8 @@ class SessionSnapshot:
     hooks_pending: bool = False
     """One of those hooks has not settled yet (its group's have not even been queued while the group has
     sessions still active)."""
+    feedback: tuple[StoredFeedback, ...] = ()
+    """Its users' feedback (`POST /rl/v1/feedback`), in arrival order."""
 
     def reward_entries(self) -> list[RewardEntry]:
         return [reward.entry() for reward in self.rewards]
@@ -74,6 +77,7 @@ async def load_session_snapshot(
             return None
         completions = await _completions(db, session_id)
         rewards = await _rewards(db, session_id)
+        feedback = await feedback_of_session(db, session_id)
         hooks = (False, False)
         if hook_state:
             hooks = (
@@ -91,6 +95,7 @@ async def load_session_snapshot(
         rewards=tuple(rewards),
         has_hooks=bool(hooks[0]),
         hooks_pending=bool(hooks[1]),
+        feedback=tuple(feedback),
     )
 
 

@@ -2,7 +2,8 @@
 
 A hook labels a finished session (a session hook) or a whole group of sessions (a group hook):
 - it is given a `SessionInput` (or a `GroupInput`): each completion as messages and as token ids, plus the
-  task and metadata the agent attached when it opened the session (e.g. `{"answer": "42"}`);
+  task and metadata the agent attached when it opened the session (e.g. `{"answer": "42"}`), and the
+  feedback its users gave so far;
 - it answers a `HookResult` (a session reward, per-completion rewards, or both), a `GroupResult` (one
   `HookResult` per session), or None: no opinion (the session is labelled by the other hooks, or follows
   the finalizer's missing-reward rule);
@@ -47,14 +48,29 @@ class CompletionView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FeedbackView:
+    """One user feedback on one of the session's completions (`POST /rl/v1/feedback`)."""
+
+    completion_id: str
+    value: float | None
+    """What it counts as: the value given, or a thumbs' configured value; None for a comment alone."""
+    thumbs: str | None
+    """"up", "down", or None."""
+    comment: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionInput:
-    """A finished session: its completions in call order, and what the agent said about its task."""
+    """A finished session: its completions in call order, what the agent said about its task, and what
+    its users said about its answers."""
 
     session_id: str
     group_id: str | None
     task: Any
     metadata: Mapping[str, Any]
     completions: tuple[CompletionView, ...]
+    feedback: tuple[FeedbackView, ...] = ()
+    """Its users' feedback so far, in arrival order."""
 
     @property
     def final(self) -> CompletionView | None:

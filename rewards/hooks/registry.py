@@ -26,6 +26,7 @@ BUILT_IN_MODULES = (
     "rewards.hooks.code",
     "rewards.hooks.webhook",
     "rewards.hooks.judge",
+    "rewards.hooks.feedback",
 )
 """Modules whose `FACTORIES` are the built-in hooks."""
 
