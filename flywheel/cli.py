@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from flywheel.config import ConfigError, FlywheelConfig, load_config
+from flywheel.config import ONLINE_OVERRIDES, ConfigError, FlywheelConfig, load_config
 from rewards.hooks.adapters import HookConfigError
 from storage.config import StorageSetupError
 
@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--worker-index", type=int, default=0, help="listen on serving.port + this")
     command("proxy", "run the OpenAI-compatible proxy and the RL control API")
     command("trainer", "run the Ray trainer: claim rewarded trajectories, train, push weights")
-    command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
+    up = command("up", "run engine(s), proxy and trainer on this machine until Ctrl-C")
+    up.add_argument("--online", action="store_true",
+                    help="online training on live traffic: every new version is evaluated on online.eval "
+                         "before it is served (an eval engine is started), ungrouped samples use running "
+                         "baselines, and an online key is written to <run dir>/online_key")
     rewards = command("rewards", "reward hooks: run their jobs in this process, or list them")
     reward_actions = rewards.add_subparsers(dest="action", required=True, metavar="ACTION")
     run_hooks = reward_actions.add_parser(
@@ -74,9 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = key_actions.add_parser("revoke", help=REVOKE_HELP, description=REVOKE_HELP)
     revoke.add_argument("key_id", type=int, metavar="ID")
     command("demo", "run the whole loop on a math agent and report what it learned")
-    db = command("db", "database schema (Alembic)")
-    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db = command("db", "database schema (Alembic); purge-json: purge raw JSON past retention once")
+    db.add_argument("action", choices=["upgrade", "downgrade", "current", "purge-json"])
     db.add_argument("--revision", default=None, help="target revision (upgrade: head; downgrade: -1)")
+    db.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                    help="purge-json: the retention (default: proxy.privacy.raw_json_retention_s)")
     command("config", "print the resolved config as YAML")
     for sub in [*commands.choices.values(), *key_actions.choices.values()]:
         if sub is not keys:  # `keys ACTION`: the overrides follow the action
@@ -92,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = [*args.overrides, *extra]
+    if getattr(args, "online", False) and args.command == "up":
+        args.overrides = [*ONLINE_OVERRIDES, *args.overrides]
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:
@@ -156,9 +164,19 @@ def _run_trainer(config: FlywheelConfig, args: argparse.Namespace) -> int:
     _check_storage(config)
     from trainer.runner import run_trainer
 
+    gate = None
+    if config.trainer.promotion.enabled:
+        from functools import partial
+
+        from rewards.evaluation import open_evaluator
+        from serving.models.loading import default_cache_dir, resolve_model_dir
+
+        serving = config.serving
+        model_dir = resolve_model_dir(serving.model, serving.cache_dir or default_cache_dir())
+        gate = partial(open_evaluator, config.online.eval, model_dir, serving.client)
     run_trainer(
         config.trainer, config.storage, config.serving, config.serving.resolved_worker_urls(),
-        run_dir=config.run.dir,
+        run_dir=config.run.dir, gate=gate,
     )
     return 0
 
@@ -181,7 +199,7 @@ def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
     from flywheel.stack import describe, run_until_stopped, start_stack
 
     async def up() -> int:
-        stack = await start_stack(config, args.config, args.overrides)
+        stack = await start_stack(config, args.config, args.overrides, online=args.online)
         print(describe(stack, config.run.dir), flush=True)
         return await run_until_stopped(stack)
 
@@ -277,6 +295,11 @@ def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:
 def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:
     from storage import migrate
 
+    if args.action == "purge-json":
+        from flywheel.purge_json import purge_json
+
+        _check_storage(config)
+        return purge_json(config, args.older_than)
     url = config.storage.url
     if args.action == "upgrade":
         migrate.upgrade(url, args.revision or "head")

@@ -18,7 +18,7 @@ from pydantic_settings import (
 )
 
 from proxy.config import ProxyConfig
-from rewards.config import RewardsConfig
+from rewards.config import EvalConfig, RewardsConfig
 from serving.config import ServingConfig
 from storage.config import StorageConfig
 from trainer.config import TrainerConfig
@@ -40,6 +40,23 @@ class RunConfig(BaseModel):
     dir: Path = Path("flywheel-run")
     """Run directory: the SQLite database by default, checkpoints, logs, reports."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class OnlineConfig(BaseModel):
+    """Online training on live traffic (`flywheel up --online`): the held-out evaluation that gates each
+    new version (`trainer.promotion`), and the worker it runs on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """The eval set, its reward hook and the eval worker (rewards/evaluation.py)."""
+    eval_worker: bool = True
+    """`flywheel up` starts one more engine for evaluations (on `serving.port + serving.num_workers`)
+    when `eval.worker_url` is unset; evaluations then never take a serving worker's time."""
+
+
+ONLINE_OVERRIDES = ("trainer.promotion.enabled=true", "trainer.algorithm.ungrouped.kind=running")
+"""What `flywheel up --online` sets before the user's own overrides (which still win)."""
 
 
 class DemoConfig(BaseModel):
@@ -90,6 +107,18 @@ class FlywheelConfig(BaseSettings):
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
+
+    @model_validator(mode="after")
+    def _promotion_has_an_eval_set(self) -> FlywheelConfig:
+        evaluation = self.online.eval
+        if self.trainer.promotion.enabled and (evaluation.dataset is None or evaluation.hook is None):
+            raise ValueError(
+                "trainer.promotion.enabled (flywheel up --online) evaluates every new version before it is "
+                "served: set online.eval.dataset (a JSONL eval set) and online.eval.hook (the reward hook "
+                "that scores it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _database_in_run_dir(self) -> FlywheelConfig:

@@ -1,13 +1,14 @@
 """Reward configuration: how rewards become trajectory rewards and when sessions are finalized
-(`FinalizerConfig`), and which reward hooks label sessions and how they run (`RewardsConfig`)."""
+(`FinalizerConfig`), which reward hooks label sessions and how they run (`RewardsConfig`), and how user
+feedback becomes a reward (`FeedbackConfig`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rewards.hooks.spec import HookSpec
+from rewards.hooks.spec import SOURCE_PREFIX, HookSpec
 
 
 class FinalizerConfig(BaseModel):
@@ -45,6 +46,11 @@ class FinalizerConfig(BaseModel):
     completion) combine: "rest_wins" uses only the client's where it sent one, "hooks_win" only the hooks'
     where they gave one, "sum" adds both. Hook rewards among themselves add up weighted by each hook's
     `weight` (rewards/hooks/spec.py)."""
+    train_retry_orphans: bool = False
+    """Train on retry orphans too: completions of a call the client retried (same parent, same new
+    messages) whose conversation went on from the retry's answer, never from theirs
+    (rewards/orphans.py). They are marked `orphan_of` and counted either way; by default no trajectory
+    holds them, since the agent never saw what they generated."""
 
 
 class HookRunnerConfig(BaseModel):
@@ -76,6 +82,33 @@ class HookRunnerConfig(BaseModel):
     is run again."""
 
 
+MAX_FEEDBACK_VALUE = 1e6
+"""The largest magnitude a feedback value (or a thumbs' configured value) may have: feedback is a rating,
+and bounded values keep the sums it is added into finite."""
+
+
+class FeedbackConfig(BaseModel):
+    """How user feedback (`POST /rl/v1/feedback`, docs/online.md) becomes a reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thumbs_up: float = Field(1.0, allow_inf_nan=False, ge=-MAX_FEEDBACK_VALUE, le=MAX_FEEDBACK_VALUE)
+    """The reward a thumbs up counts as."""
+    thumbs_down: float = Field(-1.0, allow_inf_nan=False, ge=-MAX_FEEDBACK_VALUE, le=MAX_FEEDBACK_VALUE)
+    """The reward a thumbs down counts as."""
+    source: str = Field("feedback", min_length=1, max_length=64)
+    """The source of the rewards feedback writes on its completion: per completion the latest value of
+    each source counts, so a second feedback on one completion replaces the first. It may not start with
+    `hook:` (reward hooks' sources)."""
+
+    @field_validator("source")
+    @classmethod
+    def _not_a_hook_source(cls, source: str) -> str:
+        if source.startswith(SOURCE_PREFIX):
+            raise ValueError(f"the feedback source may not start with {SOURCE_PREFIX!r}: that is a hook's")
+        return source
+
+
 class RewardsConfig(BaseModel):
     """Reward hooks: which label which sessions, and how they run."""
 
@@ -88,3 +121,32 @@ class RewardsConfig(BaseModel):
     online_hooks: list[HookSpec] = Field(default_factory=list)
     """Hooks on the sessions an online key's conversations make."""
     runner: HookRunnerConfig = Field(default_factory=HookRunnerConfig)
+    feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)
+    """What thumbs count as, and the source feedback rewards are written under."""
+
+
+class EvalConfig(BaseModel):
+    """The held-out evaluation that gates promotion (`trainer.promotion`, rewards/evaluation.py): each
+    candidate version is loaded on a worker of its own and scored on this set with this hook."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str | None = None
+    """A JSONL file, one item per line: `{"messages": [...]}` or `{"prompt": "..."}`, with an optional
+    `id`, and what the hook compares against (`answer`, or `task` / `metadata` objects)."""
+    hook: HookSpec | None = None
+    """The session-level reward hook that scores each item's answer (e.g. `{"hook": "math"}`); its
+    reward is the item's score."""
+    worker_url: str | None = None
+    """The eval worker's base URL; it must be none of the serving workers, since every candidate is
+    loaded on it. `flywheel up --online` starts one and sets this."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Answer length limit per item."""
+    temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature; 0 is greedy, so that two versions are compared on their likeliest answers."""
+    concurrency: int = Field(8, ge=1, le=1024)
+    """Items generated at once."""
+    limit: int | None = Field(None, ge=1)
+    """Use only the first this many items."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Longest one evaluation may take (generation and scoring)."""

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from storage.engine import SessionFactory, affected_rows, write_transaction
-from storage.models import Group, PolicyVersion, Session, SessionStatus, TrainStep, Trajectory
+from storage.models import Group, PolicyVersion, Session, SessionStatus, TrainStep, Trajectory, VersionStatus
 from storage.records import ClaimedBatch, StepRecord, TrainingSample
 
 logger = logging.getLogger(__name__)
@@ -94,8 +94,15 @@ async def record_step(
     if not ids or len(set(ids)) != len(ids):
         raise ValueError("record_step needs distinct trajectory ids")
     async with write_transaction(session_factory) as db:
+        status = VersionStatus.CANDIDATE if step.candidate else VersionStatus.PROMOTED
         await db.execute(
-            insert(PolicyVersion).values(version=step.policy_version, checkpoint_path=step.checkpoint_path)
+            insert(PolicyVersion).values(
+                version=step.policy_version,
+                checkpoint_path=step.checkpoint_path,
+                status=status.value,
+                parent_version=step.parent_version,
+                served_at=None if step.candidate else datetime.now(UTC),
+            )
         )
         await db.execute(
             insert(TrainStep).values(step=step.step, policy_version=step.policy_version, metrics=step.metrics)

@@ -31,6 +31,7 @@ class SessionRecord:
     metadata: dict[str, Any] = field(default_factory=dict)
     owner_key_hash: str | None = None  # the online key whose calls made it (storage.models.Session)
     reward_hooks: list[dict[str, Any]] | None = None  # hook specs run when it ends (rewards/hooks/spec.py)
+    conversation: str | None = None  # its online key's conversation hint (X-Flywheel-Conversation), if any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +62,7 @@ class CompletionRecord:
     request_json: dict[str, Any]
     response_json: dict[str, Any]
     branched: bool = False  # the client changed history, so this starts a new branch
+    orphan_of: str | None = None  # a retry orphan: the completion its conversation continued from instead
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -121,3 +123,15 @@ class StepRecord:
     policy_version: int
     checkpoint_path: str
     metrics: dict[str, float] = field(default_factory=dict)
+    parent_version: int | None = None  # the version it was trained from
+    candidate: bool = False  # gated: recorded as a candidate, served only once its evaluation promotes it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalResult:
+    """A policy version's score on the eval set: the mean of its items' scores, and each item's score
+    (by item id) so that two versions can be compared item by item."""
+
+    score: float
+    item_scores: dict[str, float]
+    details: dict[str, Any] = field(default_factory=dict)  # the eval worker, timings, sample outputs

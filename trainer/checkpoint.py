@@ -12,7 +12,9 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -58,8 +60,20 @@ def unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_checkpoint(model: torch.nn.Module, source_dir: Path, checkpoint_dir: Path, version: int) -> Path:
-    """Write `model`'s weights as `checkpoint_dir/v<version>` with `source_dir`'s non-weight files.
+TRAINER_STATE = Path("trainer") / "state.pt"
+"""The optimiser's and the running baselines' state inside a checkpoint, when it was saved with them: in
+a subdirectory, where no model loader looks for weight files."""
+
+
+def save_checkpoint(
+    model: torch.nn.Module,
+    source_dir: Path,
+    checkpoint_dir: Path,
+    version: int,
+    state: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model`'s weights as `checkpoint_dir/v<version>` with `source_dir`'s non-weight files, and
+    `state` (the trainer's own: optimiser moments, baselines) as `TRAINER_STATE` when given.
 
     Written to a temporary sibling and renamed into place. An existing directory of the same version
     is replaced: it can only be left over from a step that failed before it was recorded.
@@ -72,6 +86,9 @@ def save_checkpoint(model: torch.nn.Module, source_dir: Path, checkpoint_dir: Pa
     try:
         save_file(unique_tensors(model), tmp / SAFETENSORS_FILE, metadata={"format": "pt"})
         copy_model_files(source_dir, tmp)
+        if state is not None:
+            (tmp / TRAINER_STATE).parent.mkdir()
+            torch.save(state, tmp / TRAINER_STATE)
         if final.exists():
             logger.warning("replacing %s, left over from a step that was never recorded", final)
             shutil.rmtree(final)
@@ -95,9 +112,19 @@ def copy_model_files(source_dir: Path, target_dir: Path) -> None:
             shutil.copy2(path, target_dir / path.name)
 
 
-def prune_checkpoints(checkpoint_dir: Path, keep: int | None, protect: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (never version `protect`); returns what was deleted.
-    Leftover temporary directories of interrupted saves go too."""
+def load_trainer_state(checkpoint: Path) -> dict[str, Any] | None:
+    """The trainer state saved with a checkpoint; None when it was saved without one."""
+    path = Path(checkpoint) / TRAINER_STATE
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep: int | None, protect: Collection[int]) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints, never a version in `protect` (the served, the best,
+    one being evaluated); returns what was deleted. Leftover temporary directories of interrupted saves
+    go too."""
     removed: list[Path] = []
     for stale in checkpoint_dir.glob(".v*.tmp-*") if checkpoint_dir.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
@@ -105,7 +132,7 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int | None, protect: int) -> l
         return removed
     versions = list(list_checkpoints(checkpoint_dir).items())
     for version, path in versions[: max(len(versions) - keep, 0)]:
-        if version != protect:
+        if version not in protect:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

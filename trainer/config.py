@@ -19,6 +19,7 @@ from trainer.algos.config import (
     KPopConfig,
     LossConfig,
     RLOOAdvantageConfig,
+    UngroupedBaselineConfig,
 )
 from trainer.algos.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 
@@ -31,9 +32,11 @@ __all__ = [
     "KLConfig",
     "KPopConfig",
     "LossConfig",
+    "PromotionConfig",
     "RLOOAdvantageConfig",
     "RayConfig",
     "TrainerConfig",
+    "UngroupedBaselineConfig",
     "WeightPushConfig",
     "check_registries",
 ]
@@ -70,6 +73,8 @@ class AlgorithmConfig(_Strict):
     """Group baseline for rewards → advantages."""
     loss: LossConfig = Field(default_factory=LossConfig)
     """The policy loss."""
+    ungrouped: UngroupedBaselineConfig = Field(default_factory=UngroupedBaselineConfig)
+    """The baseline of samples that have no group."""
 
     @model_validator(mode="after")
     def _registries_cover_kinds(self) -> AlgorithmConfig:
@@ -108,6 +113,18 @@ class WeightPushConfig(_Strict):
     generate for minutes)."""
     flush_cache: bool = True
     """Drop the workers' prefix caches with the update (their entries belong to the old weights)."""
+
+
+class PromotionConfig(_Strict):
+    """Eval-gated promotion: every new version is a candidate, evaluated on a held-out eval set before any
+    serving worker gets it (the evaluation itself is configured in `online.eval`)."""
+
+    enabled: bool = False
+    """Gate every new version on its evaluation; False pushes each version to the workers at once."""
+    margin: float = Field(0.0, ge=0)
+    """A candidate is promoted when its eval score is at least the best promoted version's minus this."""
+    min_better_items: int = Field(0, ge=0)
+    """And, when above 0, when it scores higher than the best version on at least this many eval items."""
 
 
 class TrainerConfig(_Strict):
@@ -151,7 +168,8 @@ class TrainerConfig(_Strict):
     """Where checkpoints (one full model directory per version) go; None = `<run dir>/checkpoints`."""
     keep_checkpoints: int | None = Field(3, ge=1)
     """Newest checkpoints kept on disk (older ones are deleted after their successor is recorded);
-    None keeps all."""
+    None keeps all. The served version, the best version and candidates being evaluated are always
+    kept as well."""
     num_threads: int | None = Field(None, ge=1)
     """torch threads in the policy actor; None keeps torch's default. Use 1 when the engine and the
     trainer share 2 cores."""
@@ -159,6 +177,8 @@ class TrainerConfig(_Strict):
     """Seed of torch's generator in the policy actor."""
     weights: WeightPushConfig = Field(default_factory=WeightPushConfig)
     """How new weights reach the workers."""
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    """Whether a new version must pass an evaluation before it is served."""
     worker_wait_s: float = Field(600.0, ge=0)
     """At start, how long to wait for every worker's /health (they may still be loading the model)."""
     ray: RayConfig = Field(default_factory=RayConfig)

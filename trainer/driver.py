@@ -15,19 +15,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import select
-
 from serving.client import SGLangClient
-from storage.claims import claim_batch, latest_policy_version, record_step, release_claim
+from storage.claims import claim_batch, record_step, release_claim
 from storage.engine import SessionFactory
-from storage.models import PolicyVersion
+from storage.policy_versions import (
+    best_version,
+    candidates,
+    mark_served,
+    next_version,
+    protected_versions,
+    record_evaluation,
+    record_initial,
+    served_version,
+    settle,
+)
 from storage.records import ClaimedBatch, StepRecord, TrainingSample
 from trainer.checkpoint import prune_checkpoints
 from trainer.config import TrainerConfig
 from trainer.monitor import Monitor, finite_metrics
+from trainer.promotion import CandidateGate, decide
 from trainer.weights.disk import push_weights, served_versions, weight_version_label
 
 logger = logging.getLogger(__name__)
@@ -39,13 +49,15 @@ class PolicyHandle(Protocol):
     async def train_step(
         self, samples: Sequence[TrainingSample], current_version: int
     ) -> dict[str, float]: ...
-    async def save(self, checkpoint_dir: str, version: int) -> str: ...
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str: ...
     async def load(self, checkpoint_path: str) -> None: ...
     async def model_dir(self) -> str: ...
 
 
 class Driver:
-    """Runs steps until `total_steps` is reached or `stop` is set (checked between steps)."""
+    """Runs steps until `total_steps` is reached or `stop` is set (checked between steps). With a `gate`
+    (eval-gated promotion, trainer/promotion.py) each new version is a candidate until its evaluation
+    promotes it; the driver then trains on from the version it promoted, or from the best one."""
 
     def __init__(
         self,
@@ -55,6 +67,7 @@ class Driver:
         clients: Sequence[SGLangClient],
         checkpoint_dir: Path,
         monitor: Monitor,
+        gate: CandidateGate | None = None,
     ) -> None:
         self._config = config
         self._db = session_factory
@@ -62,12 +75,15 @@ class Driver:
         self._clients = list(clients)
         self._checkpoint_dir = checkpoint_dir
         self._monitor = monitor
+        self._gate = gate
+        self._newest = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
-        """Train until done or stopped; returns the last recorded policy version."""
+        """Train until done or stopped; returns the version training goes on from (the last recorded one;
+        with a gate, the last promoted one or the best)."""
         config = self._config
         version = await self.resume()
-        while not (stop is not None and stop.is_set()) and not self._done(version):
+        while not (stop is not None and stop.is_set()) and not self._done():
             batch = await claim_batch(
                 self._db,
                 config.batch_size,
@@ -82,32 +98,49 @@ class Driver:
         return version
 
     async def resume(self) -> int:
-        """The last recorded version; its checkpoint goes into the actor and to any worker serving
-        something else (a worker restarted, or one that loaded a step that was never recorded)."""
-        version = await latest_policy_version(self._db) or 0
-        if version > 0:
-            path = await _checkpoint_path(self._db, version)
-            await self._policy.load(path)
+        """The version to train from: the last recorded one (with a gate: the best promoted one, after
+        settling candidates a stopped run left unevaluated). Its checkpoint goes into the actor; the served
+        version goes to any worker serving something else (a worker restarted, or one that loaded a step
+        that was never recorded)."""
+        model_dir = await self._policy.model_dir()
+        if self._gate is not None:
+            await self._settle_leftovers(model_dir)
+        self._newest = max(await next_version(self._db) - 1, 0)
+        best = await best_version(self._db)
+        version = 0 if best is None else best.version
+        if version > 0 and best is not None:
+            await self._policy.load(best.checkpoint_path)
+        served = await served_version(self._db)
+        if served is None:
+            await self._sync_workers(model_dir, 0)
         else:
-            path = await self._policy.model_dir()
-        await self._sync_workers(path, version)
-        logger.info("trainer at policy version %d (%s)", version, path)
+            await self._sync_workers(served.checkpoint_path if served.version else model_dir, served.version)
+        logger.info("trainer at policy version %d, serving %s", version, served and served.version)
         return version
 
     async def _step(self, batch: ClaimedBatch, version: int) -> int:
-        new_version = version + 1
+        new_version = await next_version(self._db)
+        gated = self._gate is not None
         started = time.perf_counter()
         try:
             stats = await self._policy.train_step(batch.samples, version)
             saved = time.perf_counter()
-            path = await self._policy.save(str(self._checkpoint_dir), new_version)
+            path = await self._policy.save(str(self._checkpoint_dir), new_version, gated)
             stats["perf/save_s"] = time.perf_counter() - saved
-            stats["perf/push_s"] = await push_weights(self._clients, path, new_version, self._config.weights)
-            stats["perf/weight_sync_s"] = stats["perf/save_s"] + stats["perf/push_s"]
+            if not gated:
+                stats["perf/push_s"] = await push_weights(
+                    self._clients, path, new_version, self._config.weights
+                )
+                stats["perf/weight_sync_s"] = stats["perf/save_s"] + stats["perf/push_s"]
             stats["perf/step_s"] = time.perf_counter() - started
             metrics = finite_metrics(stats)
             record = StepRecord(
-                step=new_version, policy_version=new_version, checkpoint_path=path, metrics=metrics
+                step=new_version,
+                policy_version=new_version,
+                checkpoint_path=path,
+                metrics=metrics,
+                parent_version=version,
+                candidate=gated,
             )
             await record_step(self._db, record, batch.claim_token, batch.ids)
         except BaseException:
@@ -119,9 +152,59 @@ class Driver:
                 released,
             )
             raise
+        self._newest = new_version
         self._monitor.record(new_version, new_version, metrics)
-        prune_checkpoints(self._checkpoint_dir, self._config.keep_checkpoints, protect=new_version)
-        return new_version
+        if gated:
+            version = await self._judge(new_version, path)
+        else:
+            version = new_version
+        protect = await protected_versions(self._db) | {version, new_version}
+        prune_checkpoints(self._checkpoint_dir, self._config.keep_checkpoints, protect=protect)
+        return version
+
+    async def _judge(self, candidate: int, path: str) -> int:
+        """Evaluate a recorded candidate and promote (push, then record it promoted and served) or reject
+        it (record it, go back to the best version's weights and optimiser state, and serve the best
+        version if another one is served). Returns the version training goes on from."""
+        assert self._gate is not None
+        started = time.perf_counter()
+        result = await self._gate.evaluate(path, candidate)
+        eval_s = time.perf_counter() - started
+        best = await best_version(self._db)
+        decision = decide(result, None if best is None else best.evaluation, self._config.promotion)
+        details = {**result.details, "eval_s": eval_s}
+        if decision.promote:
+            push_s = await push_weights(self._clients, path, candidate, self._config.weights)
+            evaluated = replace(result, details={**details, "push_s": push_s})
+            reason = decision.reason
+            await settle(self._db, candidate, promoted=True, result=evaluated, reason=reason, served=True)
+            logger.info("promoted version %d: %s", candidate, decision.reason)
+            return candidate
+        evaluated = replace(result, details=details)
+        await settle(self._db, candidate, promoted=False, result=evaluated, reason=decision.reason)
+        logger.warning("rejected version %d: %s", candidate, decision.reason)
+        if best is None:  # unreachable: a rejection needs a best version to compare with
+            raise RuntimeError(f"version {candidate} was rejected without a best version")
+        await self._policy.load(best.checkpoint_path)
+        served = await served_version(self._db)
+        if served is None or served.version != best.version:
+            await push_weights(self._clients, best.checkpoint_path, best.version, self._config.weights)
+            await mark_served(self._db, best.version)
+            logger.warning("serving rolled back to version %d", best.version)
+        return best.version
+
+    async def _settle_leftovers(self, model_dir: str) -> None:
+        """Gating needs a scored version to compare with: evaluate the initial weights (or the best version
+        of a run that was not gated) once; then settle candidates a stopped run left unevaluated."""
+        assert self._gate is not None
+        best = await best_version(self._db)
+        if best is None:
+            await record_initial(self._db, model_dir, await self._gate.evaluate(model_dir, 0))
+        elif best.eval_score is None:
+            path = best.checkpoint_path if best.version else model_dir
+            await record_evaluation(self._db, best.version, await self._gate.evaluate(path, best.version))
+        for waiting in await candidates(self._db):
+            await self._judge(waiting.version, waiting.checkpoint_path)
 
     async def _sync_workers(self, path: str, version: int) -> None:
         label = weight_version_label(version)
@@ -137,16 +220,8 @@ class Driver:
             )
             await push_weights(behind, path, version, self._config.weights)
 
-    def _done(self, version: int) -> bool:
-        return self._config.total_steps is not None and version >= self._config.total_steps
-
-
-async def _checkpoint_path(session_factory: SessionFactory, version: int) -> str:
-    async with session_factory() as db:
-        path = await db.scalar(select(PolicyVersion.checkpoint_path).where(PolicyVersion.version == version))
-    if path is None:
-        raise LookupError(f"policy version {version} has no row in policy_versions")
-    return path
+    def _done(self) -> bool:
+        return self._config.total_steps is not None and self._newest >= self._config.total_steps
 
 
 async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:

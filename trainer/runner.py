@@ -4,10 +4,12 @@ train until `total_steps` or a stop signal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,12 @@ from trainer.config import RayConfig, TrainerConfig
 from trainer.driver import Driver
 from trainer.monitor import Monitor
 from trainer.policy import Policy
+from trainer.promotion import CandidateGate
 
 logger = logging.getLogger(__name__)
+
+GateFactory = Callable[[], AbstractAsyncContextManager[CandidateGate]]
+"""Opens a candidate gate for the run and closes it after (its eval worker client, hook processes)."""
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
@@ -36,8 +42,8 @@ class RemotePolicy:
     async def train_step(self, samples: Sequence[TrainingSample], current_version: int) -> dict[str, float]:
         return await self.actor.train_step.remote(list(samples), current_version)
 
-    async def save(self, checkpoint_dir: str, version: int) -> str:
-        return await self.actor.save.remote(checkpoint_dir, version)
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str:
+        return await self.actor.save.remote(checkpoint_dir, version, with_state)
 
     async def load(self, checkpoint_path: str) -> None:
         await self.actor.load.remote(checkpoint_path)
@@ -84,14 +90,19 @@ async def train(
     worker_urls: Sequence[str],
     run_dir: Path,
     stop: asyncio.Event | None = None,
+    gate: GateFactory | None = None,
 ) -> int:
-    """Run the driver with a fresh policy actor until done or `stop`; returns the last policy version."""
+    """Run the driver with a fresh policy actor until done or `stop`; returns the last policy version.
+    `gate` opens the candidate gate of eval-gated promotion (trainer/promotion.py) for the run."""
     if not worker_urls:
         raise ValueError("the trainer needs at least one worker URL to push weights to")
     engine = create_engine(storage_config)
     policy = start_policy(serving_config.model, config, serving_config.cache_dir)
     try:
-        async with WorkerPool(serving_config.client, worker_urls) as pool:
+        async with (
+            WorkerPool(serving_config.client, worker_urls) as pool,
+            gate() if gate is not None else contextlib.nullcontext() as opened_gate,
+        ):
             await asyncio.gather(*(c.wait_until_healthy(config.worker_wait_s) for c in pool.clients))
             driver = Driver(
                 config,
@@ -100,6 +111,7 @@ async def train(
                 pool.clients,
                 config.checkpoint_dir or run_dir / CHECKPOINTS_DIR,
                 Monitor(run_dir / METRICS_FILE),
+                gate=opened_gate,
             )
             return await driver.run(stop)
     finally:
@@ -114,13 +126,14 @@ def run_trainer(
     worker_urls: Sequence[str],
     *,
     run_dir: Path = Path("flywheel-run"),
+    gate: GateFactory | None = None,
 ) -> None:
     """Blocking entry point: Ray up, train until `total_steps` or SIGINT/SIGTERM (the step in flight
     finishes first), Ray down (if this call started it)."""
     started_ray = init_ray(trainer_config.ray)
     try:
         asyncio.run(
-            _train_until_signalled(trainer_config, storage_config, serving_config, worker_urls, run_dir)
+            _train_until_signalled(trainer_config, storage_config, serving_config, worker_urls, run_dir, gate)
         )
     finally:
         if started_ray:
@@ -135,6 +148,7 @@ async def _train_until_signalled(
     serving_config: ServingConfig,
     worker_urls: Sequence[str],
     run_dir: Path,
+    gate: GateFactory | None,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -142,7 +156,7 @@ async def _train_until_signalled(
     for signum in signals:  # handlers can only be installed from the main thread
         loop.add_signal_handler(signum, _on_signal, stop, signum)
     try:
-        version = await train(config, storage_config, serving_config, worker_urls, run_dir, stop)
+        version = await train(config, storage_config, serving_config, worker_urls, run_dir, stop, gate)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)

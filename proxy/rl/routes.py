@@ -2,8 +2,9 @@
 
 /rl/v1: admin keys create sessions and groups; a session key rewards, ends and reads only its own
 session (an ended session's key still works here, not for inference); an admin key does anything,
-including listing and revoking keys (`/rl/v1/keys`). Bodies are JSON; a body that is not JSON is a
-400, a wrong value (a non-numeric, NaN or infinite reward) a 422, and no refusal writes anything.
+including listing and revoking keys (`/rl/v1/keys`); users' feedback on completions arrives at
+`/rl/v1/feedback`. Bodies are JSON; a body that is not JSON is a 400, a wrong value (a non-numeric, NaN
+or infinite reward) a 422, and no refusal writes anything.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from proxy.auth import Principal, require_admin, require_key
+from proxy.auth import Principal, bearer_key, require_admin, require_key
 from proxy.bodies import openapi_body
 from proxy.errors import OpenAIError
 from proxy.rl import operations as ops
+from proxy.rl.feedback import give_feedback
 from proxy.rl.schemas import (
     ArealEndSessionResponse,
     ArealGroupSession,
@@ -30,6 +32,8 @@ from proxy.rl.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
     EndSessionResponse,
+    FeedbackRequest,
+    FeedbackResponse,
     GroupSession,
     KeyList,
     KeyView,
@@ -37,11 +41,12 @@ from proxy.rl.schemas import (
     RewardRequest,
     RewardResponse,
     SessionView,
+    VersionSummary,
 )
 from proxy.services import ProxyServices, get_services
-from storage.claims import latest_policy_version
 from storage.keys import list_keys
 from storage.models import KeyScope, SessionStatus
+from storage.policy_versions import best_version, newest_version, served_version
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +71,8 @@ def build_rl_router() -> APIRouter:
     router.add_api_route("/rl/v1/completions/{completion_id}/reward", reward_completion, methods=["POST"],
                          openapi_extra=openapi_body(RewardRequest))
     router.add_api_route("/rl/v1/sessions/{session_id}/end", end_session, methods=["POST"])
+    router.add_api_route("/rl/v1/feedback", post_feedback, methods=["POST"], status_code=201,
+                         openapi_extra=openapi_body(FeedbackRequest))
     router.add_api_route("/rl/v1/policy", get_policy, methods=["GET"])
     router.add_api_route("/rl/v1/keys", list_api_keys, methods=["GET"])
     router.add_api_route("/rl/v1/keys/{key_id}/revoke", revoke_api_key, methods=["POST"])
@@ -103,10 +110,17 @@ async def create_group(request: Request, _admin: Admin, services: Services) -> C
 
 
 async def get_policy(caller: Caller, services: Services) -> PolicyView:
-    """The newest policy version the trainer recorded (0: the initial weights); agents that want
-    on-policy samples wait for it to advance between rounds."""
-    version = await latest_policy_version(services.session_factory)
-    return PolicyView(policy_version=version or 0)
+    """The served policy version (0: the initial weights) and the newest trained one; agents that want
+    on-policy samples wait for the served version to advance between rounds."""
+    factory = services.session_factory
+    served, newest = await served_version(factory), await newest_version(factory)
+    best = await best_version(factory)
+    return PolicyView(
+        policy_version=0 if served is None else served.version,
+        served=None if served is None else VersionSummary.model_validate(served.as_json()),
+        newest=None if newest is None else VersionSummary.model_validate(newest.as_json()),
+        best_version=None if best is None else best.version,
+    )
 
 
 async def get_session(session_id: str, caller: Caller, services: Services) -> SessionView:
@@ -137,6 +151,16 @@ async def reward_completion(
 
 async def end_session(session_id: str, caller: Caller, services: Services) -> EndSessionResponse:
     return await ops.end(services, caller, session_id)
+
+
+async def post_feedback(request: Request, caller: Caller, services: Services) -> FeedbackResponse:
+    """A user's judgement of one completion (docs/online.md): 201 with its state, "applied" (it
+    reaches training) or "late" (stored only). 429 past the key's feedback rate
+    (`proxy.rate_limits.feedback`), before the body is read."""
+    services.limiter.admit_feedback(caller)
+    body = await ops.parse_body(request, FeedbackRequest)
+    key_hash = caller.key_hash or services.key_hasher.hash(bearer_key(request))
+    return await give_feedback(services, caller, key_hash, body)
 
 
 async def list_api_keys(

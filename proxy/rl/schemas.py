@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rewards.config import MAX_FEEDBACK_VALUE
 from rewards.hooks.spec import HookSpec
 
 MAX_GROUP_SIZE = 1024
@@ -16,6 +17,9 @@ RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-1e308
 database's: larger magnitudes do not fit a finite float8 check on every backend."""
 
 Identifier = Annotated[str, Field(min_length=1, max_length=64)]
+
+MAX_COMMENT_CHARS = 16384
+"""Longest feedback comment, in characters: a user's remark on one answer, not a document."""
 
 HookSpecs = HookSpec | Annotated[list[HookSpec], Field(max_length=16)] | None
 """Reward hooks named at creation: one spec or a list (rewards/hooks/spec.py)."""
@@ -100,6 +104,8 @@ class CompletionSummary(BaseModel):
     versions: list[int]
     """The distinct policy versions that generated its output tokens, ascending."""
     temperature: float
+    orphan_of: str | None = None
+    """A retry orphan (set at finalization): the completion its conversation went on from instead."""
 
 
 class RewardSummary(BaseModel):
@@ -128,6 +134,57 @@ class HookJobView(BaseModel):
     finished_at: str | None
 
 
+class FeedbackRequest(_Strict):
+    """`POST /rl/v1/feedback`: a user's judgement of one completion; at least one of `value`, `thumbs`
+    and `comment`, and not both a value and a thumbs."""
+
+    completion_id: Identifier | None = None
+    """The `id` of a chat completion (`chatcmpl-…`), a Responses object (`resp_…`) or a legacy completion
+    (`cmpl-…`), or a choice's `completion_id` (n > 1); None: the caller's latest completion (an online
+    key's newest in the sessions it owns, a session key's in its session; an admin key must name one)."""
+    value: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_FEEDBACK_VALUE,
+                                  le=MAX_FEEDBACK_VALUE)] | None = None
+    """The reward it gives the completion."""
+    thumbs: Literal["up", "down"] | None = None
+    """A thumbs up or down, worth `rewards.feedback.thumbs_up` / `thumbs_down`."""
+    comment: Annotated[str, Field(min_length=1, max_length=MAX_COMMENT_CHARS)] | None = None
+    """What the user said: stored, and read by reward hooks (the `feedback` hook may have it judged); it
+    writes no reward by itself."""
+
+    @model_validator(mode="after")
+    def _one_judgement(self) -> Self:
+        if self.value is None and self.thumbs is None and self.comment is None:
+            raise ValueError("give at least one of value, thumbs and comment")
+        if self.value is not None and self.thumbs is not None:
+            raise ValueError("give a value or a thumbs, not both")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    feedback_id: int
+    completion_id: str
+    session_id: str
+    state: str
+    """"applied": it reaches training (as a reward on the completion, or added to the rewards of its
+    finalized trajectories not yet claimed); "late": stored only, its trajectories were claimed or
+    consumed already (or none trains the completion)."""
+    reward_id: int | None = None
+    """The reward it wrote (none for a comment alone, or a late feedback)."""
+
+
+class FeedbackSummary(BaseModel):
+    """One feedback as `GET /rl/v1/sessions/{id}` shows it (like the session's completions, without the
+    user's text: its comment is for reward hooks)."""
+
+    id: int
+    completion_id: str
+    value: float | None
+    """What it counted as (a thumbs' configured value); None for a comment alone."""
+    thumbs: str | None
+    state: str
+    created_at: str
+
+
 class SessionView(BaseModel):
     session_id: str
     status: str
@@ -141,6 +198,8 @@ class SessionView(BaseModel):
     rewards: list[RewardSummary]
     hooks: list[HookJobView]
     """The session's reward hook jobs (queued when it ended) and its group's."""
+    feedback: list[FeedbackSummary] = Field(default_factory=list)
+    """Its users' feedback (`POST /rl/v1/feedback`), oldest first."""
 
 
 # AReaL's proxy API (areal/experimental/openai/proxy): extra fields are ignored, as AReaL does.
@@ -185,10 +244,34 @@ class ArealEndSessionResponse(BaseModel):
     interaction_count: int
 
 
+class VersionSummary(BaseModel):
+    """One policy version: its promotion status, evaluation and lineage."""
+
+    version: int
+    status: Literal["candidate", "promoted", "rejected"]
+    parent_version: int | None
+    """The version it was trained from."""
+    eval_score: float | None
+    """Its mean score on the eval set; null when it was not evaluated (promotion not gated)."""
+    reason: str | None
+    """Why it was promoted or rejected."""
+    served_at: str | None
+    """When the serving workers last started serving it."""
+    created_at: str
+
+
 class PolicyView(BaseModel):
-    """`GET /rl/v1/policy`: the newest policy version (0 before the first training step)."""
+    """`GET /rl/v1/policy`: the version being served (what new completions carry; 0, the initial
+    weights, before any) and the newest one trained, which with gated promotion may still be a candidate
+    or have been rejected."""
 
     policy_version: int
+    """The served version."""
+    served: VersionSummary | None
+    newest: VersionSummary | None
+    """The newest version trained, whatever its status."""
+    best_version: int | None
+    """The promoted version with the best eval score (the newest promoted one without scores)."""
 
 
 class KeyView(BaseModel):

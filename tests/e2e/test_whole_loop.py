@@ -77,7 +77,9 @@ def test_agent_traffic_trains_the_served_policy(empty_db_url, tiny_model_dir, tm
         play_group(stack.root_url, stack.admin_key, received)  # served by the newest weights
         last_ids = list(received)[-2:]
         with rest(stack.root_url, stack.admin_key) as admin:
-            assert admin.get("/rl/v1/policy").json() == {"policy_version": STEPS}
+            policy = admin.get("/rl/v1/policy").json()
+            assert policy["policy_version"] == STEPS
+            assert policy["newest"]["version"] == STEPS and policy["newest"]["status"] == "promoted"
 
     completions, versions, steps = asyncio.run(read_rows(empty_db_url))
     assert sorted(versions)[-STEPS:] == list(range(1, STEPS + 1))

@@ -5,11 +5,9 @@ and weight pushes reach every worker (or say which one refused)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -18,68 +16,12 @@ from serving.config import ClientConfig
 from storage.claims import claim_batch
 from storage.engine import SessionFactory
 from storage.models import PolicyVersion, TrainStep, Trajectory
-from storage.queries import create_group, insert_trajectories
-from storage.records import GroupRecord, SessionRecord, TrainingSample, TrajectoryRecord
-from tests.support.databases import key_hash
 from tests.support.scripted_worker import ScriptedWorker
+from tests.support.trainer_driver import FakePolicy, groups
 from trainer.config import TrainerConfig, WeightPushConfig
 from trainer.driver import Driver
 from trainer.monitor import Monitor
 from trainer.weights.disk import WeightPushError, push_weights
-
-_ids = itertools.count()
-
-
-class FakePolicy:
-    """Records what the driver asks; `fail_train` makes train_step raise after the claim."""
-
-    def __init__(self, fail_train: bool = False) -> None:
-        self.fail_train = fail_train
-        self.trained: list[tuple[list[int], int]] = []
-        self.loaded: list[str] = []
-
-    async def train_step(self, samples: Sequence[TrainingSample], current_version: int) -> dict[str, float]:
-        if self.fail_train:
-            raise RuntimeError("injected failure after the claim")
-        self.trained.append(([s.trajectory_id for s in samples], current_version))
-        return {"reward/mean": float(np.mean([s.reward for s in samples])), "loss": 0.5}
-
-    async def save(self, checkpoint_dir: str, version: int) -> str:
-        path = Path(checkpoint_dir) / f"v{version:06d}"
-        path.mkdir(parents=True, exist_ok=True)
-        return str(path)
-
-    async def load(self, checkpoint_path: str) -> None:
-        self.loaded.append(checkpoint_path)
-
-    async def model_dir(self) -> str:
-        return "/models/base"
-
-
-async def _groups(session_factory: SessionFactory, count: int, size: int = 2, version: int = 0) -> list[int]:
-    ids: list[int] = []
-    for _ in range(count):
-        gid = f"g{next(_ids)}"
-        sessions = [
-            SessionRecord(id=f"{gid}-{i}", key_hash=key_hash(f"{gid}-{i}"), group_id=gid)
-            for i in range(size)
-        ]
-        await create_group(session_factory, GroupRecord(id=gid, size=size), sessions)
-        for i, session in enumerate(sessions):
-            ids += await insert_trajectories(
-                session_factory,
-                session.id,
-                [
-                    TrajectoryRecord(
-                        token_ids=[1, 2, 3],
-                        loss_mask=[False, True, True],
-                        logprobs=[0.0, -1.0, -1.0],
-                        versions=[-1, version, version],
-                        reward=float(i),
-                    )
-                ],
-            )
-    return ids
 
 
 @pytest.fixture
@@ -114,7 +56,7 @@ async def _rows(
 async def test_each_step_pushes_then_records_its_ids(
     session_factory: SessionFactory, workers: list[ScriptedWorker], tmp_path: Path
 ) -> None:
-    ids = await _groups(session_factory, count=3)
+    ids = await groups(session_factory, count=3)
     config = TrainerConfig(batch_size=2, max_head_offpolicyness=5, total_steps=3, poll_interval_s=0.01)
     policy = FakePolicy()
     async with WorkerPool(ClientConfig(), [w.url for w in workers]) as pool:
@@ -140,7 +82,7 @@ async def test_each_step_pushes_then_records_its_ids(
 async def test_a_failure_after_the_claim_releases_it(
     session_factory: SessionFactory, workers: list[ScriptedWorker], tmp_path: Path, failure: str
 ) -> None:
-    ids = await _groups(session_factory, count=2)
+    ids = await groups(session_factory, count=2)
     policy = FakePolicy(fail_train=failure == "train")
     if failure == "push":
         workers[1].weight_load_error = "No space left on device"
@@ -161,7 +103,7 @@ async def test_a_failure_after_the_claim_releases_it(
 async def test_a_restart_resumes_at_the_recorded_version_and_resyncs_workers(
     session_factory: SessionFactory, workers: list[ScriptedWorker], tmp_path: Path
 ) -> None:
-    await _groups(session_factory, count=2)
+    await groups(session_factory, count=2)
     config = TrainerConfig(batch_size=2, max_head_offpolicyness=5, total_steps=2, poll_interval_s=0.01)
     async with WorkerPool(ClientConfig(), [w.url for w in workers]) as pool:
         await _driver(config, session_factory, FakePolicy(), pool, tmp_path).run()
@@ -170,7 +112,7 @@ async def test_a_restart_resumes_at_the_recorded_version_and_resyncs_workers(
         workers[1].requests.clear()
         restarted = FakePolicy()
         later = config.model_copy(update={"total_steps": 3})
-        await _groups(session_factory, count=1, version=2)
+        await groups(session_factory, count=1, version=2)
         assert await _driver(later, session_factory, restarted, pool, tmp_path).run() == 3
     assert restarted.loaded == [str(tmp_path / "ckpt" / "v000002")]
     assert restarted.trained[0][1] == 2

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from flywheel.config import load_config
+from flywheel.config import ONLINE_OVERRIDES, load_config
 from flywheel.stack import Stack, start_stack
 from serving.threaded_server import free_port
 from tests.support.databases import storage_config
@@ -44,9 +44,12 @@ def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -
 
 
 @contextmanager
-def running_stack(overrides: list[str], *, trainer: bool = True) -> Iterator[Stack]:
+def running_stack(overrides: list[str], *, trainer: bool = True, online: bool = False) -> Iterator[Stack]:
+    """`flywheel up`'s processes; `online` as `flywheel up --online` (its overrides come first)."""
+    if online:
+        overrides = [*ONLINE_OVERRIDES, *overrides]
     config = load_config(None, overrides)
-    stack = asyncio.run(start_stack(config, None, overrides, trainer=trainer))
+    stack = asyncio.run(start_stack(config, None, overrides, trainer=trainer, online=online))
     try:
         yield stack
     finally:

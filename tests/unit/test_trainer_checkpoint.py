@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from serving.models.loading import load_model, load_weights_into
-from trainer.checkpoint import checkpoint_name, list_checkpoints, prune_checkpoints, save_checkpoint
+from trainer.checkpoint import (
+    checkpoint_name,
+    list_checkpoints,
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+)
 
 
 @pytest.fixture
@@ -55,12 +61,26 @@ def test_saving_a_version_again_replaces_the_leftover(
     assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)
 
 
+def test_trainer_state_travels_inside_the_checkpoint(
+    model: torch.nn.Module, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plain = save_checkpoint(model, tiny_model_dir, tmp_path, version=1)
+    assert load_trainer_state(plain) is None
+    state = {"optimizer": {"step": torch.tensor(3.0)}, "baselines": {"means": {"*": 0.5}, "counts": {"*": 2}}}
+    path = save_checkpoint(model, tiny_model_dir, tmp_path, version=2, state=state)
+    loaded = load_trainer_state(path)
+    assert loaded is not None and loaded["baselines"] == state["baselines"]
+    assert torch.equal(loaded["optimizer"]["step"], torch.tensor(3.0))
+    assert not list(path.glob("*.pt"))  # no loader mistakes it for weights
+    load_weights_into(load_model(str(tiny_model_dir)).model, path)
+
+
 def test_prune_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
     for version in range(1, 6):
         (tmp_path / checkpoint_name(version)).mkdir()
     (tmp_path / ".v000006.tmp-abcd").mkdir()  # an interrupted save
-    removed = prune_checkpoints(tmp_path, keep=2, protect=1)
-    assert sorted(p.name for p in removed) == ["v000002", "v000003"]
-    assert list(list_checkpoints(tmp_path)) == [1, 4, 5]
+    removed = prune_checkpoints(tmp_path, keep=2, protect={1, 3})  # say the best and the served
+    assert sorted(p.name for p in removed) == ["v000002"]
+    assert list(list_checkpoints(tmp_path)) == [1, 3, 4, 5]
     assert not (tmp_path / ".v000006.tmp-abcd").exists()
-    assert prune_checkpoints(tmp_path, keep=None, protect=5) == []
+    assert prune_checkpoints(tmp_path, keep=None, protect={5}) == []

@@ -3,6 +3,8 @@ updates per batch use a π_prox taken before the first, advantages move logprobs
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 
 from storage.records import TrainingSample
 from trainer.batching import collate
-from trainer.config import AlgorithmConfig, LossConfig, TrainerConfig
+from trainer.config import AlgorithmConfig, LossConfig, TrainerConfig, UngroupedBaselineConfig
 from trainer.policy import Policy
 
 
@@ -134,3 +136,58 @@ def test_kl_to_the_reference_starts_at_zero(tiny_model_dir: Path, samples: list)
     policy = Policy(str(tiny_model_dir), TrainerConfig(lr=1e-2, algorithm=algorithm))
     assert policy.train_step(samples, 0)["kl/ref"] == pytest.approx(0.0, abs=1e-7)
     assert policy.train_step(samples, 0)["kl/ref"] > 0  # the policy has moved; the reference has not
+
+
+def _alone(sample: TrainingSample, reward: float, key: str) -> TrainingSample:
+    return dataclasses.replace(sample, group_id=None, reward=reward, baseline_key=key)
+
+
+def test_a_running_baseline_measures_lone_samples_against_their_key(
+    tiny_model_dir: Path, samples: list
+) -> None:
+    running = TrainerConfig(
+        lr=1e-6, algorithm=AlgorithmConfig(ungrouped=UngroupedBaselineConfig(kind="running"))
+    )
+    policy = Policy(str(tiny_model_dir), running)
+    first = policy.train_step([_alone(samples[0], 1.0, "key:a")], current_version=0)
+    again = policy.train_step([_alone(samples[0], 1.0, "key:a")], current_version=0)
+    other = policy.train_step([_alone(samples[0], 1.0, "key:b")], current_version=0)
+    assert first["advantage/mean"] == pytest.approx(1.0)  # no history yet: the reward itself, never 0
+    assert again["advantage/mean"] == pytest.approx(0.0)  # its key's average is 1 by now
+    assert other["advantage/mean"] == pytest.approx(0.0)  # a new key starts from the average of all keys
+    batch = Policy(str(tiny_model_dir), TrainerConfig(lr=1e-6))
+    batch.train_step([_alone(samples[0], 1.0, "key:a")], current_version=0)
+    assert batch.train_step([_alone(samples[0], 1.0, "key:a")], current_version=0)["advantage/mean"] == 1.0
+
+
+def test_grouped_samples_keep_their_group_baseline_beside_lone_ones(
+    tiny_model_dir: Path, samples: list
+) -> None:
+    running = TrainerConfig(
+        lr=1e-6, algorithm=AlgorithmConfig(ungrouped=UngroupedBaselineConfig(kind="running"))
+    )
+    stats = Policy(str(tiny_model_dir), running).train_step(
+        [*samples[:4], _alone(samples[4], 0.5, "key:a")], current_version=0
+    )
+    # Group g0 holds rewards 0..3 (mean 1.5, GRPO-normalised to mean 0); the lone sample adds 0.5 - 0.
+    assert stats["advantage/mean"] == pytest.approx(0.5 / 5, abs=1e-5)
+
+
+def test_going_back_to_a_checkpoint_restores_optimiser_moments_and_baselines(
+    tiny_model_dir: Path, samples: list, tmp_path: Path
+) -> None:
+    running = TrainerConfig(
+        lr=1e-3, algorithm=AlgorithmConfig(ungrouped=UngroupedBaselineConfig(kind="running"))
+    )
+    policy = Policy(str(tiny_model_dir), running)
+    policy.train_step([_alone(samples[0], 1.0, "key:a")], current_version=0)
+    saved = policy.save(str(tmp_path), 1, with_state=True)
+    weights, moments = _params(policy), copy.deepcopy(policy._optimizer.state_dict()["state"])
+    policy.train_step([_alone(samples[1], -3.0, "key:a")], current_version=1)
+    assert not all(torch.equal(weights[n], p) for n, p in _params(policy).items())
+    policy.load(saved)
+    assert all(torch.equal(weights[n], p) for n, p in _params(policy).items())
+    restored = policy._optimizer.state_dict()["state"]
+    assert all(torch.equal(moments[i]["exp_avg"], restored[i]["exp_avg"]) for i in moments)
+    again = policy.train_step([_alone(samples[0], 1.0, "key:a")], current_version=1)
+    assert again["advantage/mean"] == pytest.approx(0.0)  # the baseline from before the step undone

@@ -44,6 +44,17 @@ AdvantageConfig = Annotated[
 """Which group baseline; groups of one always fall back to the batch baseline with a warning."""
 
 
+class UngroupedBaselineConfig(_Strict):
+    """The baseline of samples without a group (live traffic)."""
+
+    kind: Literal["batch", "running"] = "batch"
+    """`batch`: the other samples of the batch (a batch of one keeps its raw reward). `running`: a moving
+    average of earlier rewards of the sample's task, else of its online key (trainer/algos/baselines.py),
+    kept with the optimiser state; the choice for online training, where a step may see one sample."""
+    decay: float = Field(0.9, ge=0, lt=1)
+    """`running` only: each new reward moves its key's average by `1 - decay`."""
+
+
 class IcePopConfig(_Strict):
     """IcePop: drop tokens whose `π_prox / π_behave` lies outside `[lower, upper]`."""
 
