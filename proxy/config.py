@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from proxy.online_config import OnlineConfig
 from proxy.parsers import reasoning_parser, tool_call_parser
+from proxy.privacy import PrivacyConfig
 from rewards.config import FinalizerConfig
 
 DEFAULT_MAX_SESSIONS = 4096  # conversation trees held in memory (proxy.conversation_sessions_max)
@@ -78,6 +80,9 @@ class RateLimitsConfig(BaseModel):
     """A session's key: one agent's episode, far below this unless it runs away."""
     online: KeyRateLimit = Field(default_factory=lambda: KeyRateLimit(requests_per_s=500, burst=1000))
     """An online key: all the live traffic of one deployment goes through it."""
+    feedback: KeyRateLimit = Field(default_factory=lambda: KeyRateLimit(requests_per_s=100, burst=200))
+    """`POST /rl/v1/feedback` calls per key of any kind, in a bucket of their own (inference does not
+    spend it); `requests_per_s: null` lifts it. `tokens_per_day` does not apply here."""
     flush_interval_s: float = Field(1.0, gt=0)
     """How often each proxy adds the tokens it served to the database's daily counts (and reads the
     totals back): several proxies together may pass a quota by what they serve in one interval."""
@@ -184,6 +189,10 @@ class ProxyConfig(BaseModel):
     """What one request may ask: body size, JSON depth, prompt length, choices, logprobs, RL fields."""
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     """Requests per second and tokens per day, per API key."""
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
+    """How online keys' calls are grouped into sessions: whether a new conversation ends the last."""
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    """Redaction of the stored request/response JSON, and how long raw JSON is kept (docs/privacy.md)."""
 
     @field_validator("tool_call_parser")
     @classmethod

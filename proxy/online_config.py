@@ -1,5 +1,5 @@
 """How an online key's calls are grouped into sessions (`proxy.online`; proxy/conversations/online.py,
-docs/online-grouping.md)."""
+docs/online.md)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ The parts, and what each is given (none of them sees this container):
 - `balancer`: the workers, routed by session, with the routing policy and the tokenizer's decode;
 - `conversations`: each session's conversation tree (proxy/conversations/), and `prompter`, which
   builds a call's prompt from it with the tokenizer and metrics;
-- `recorder`: group commit of completions, then the conversation index and the metrics learn them;
+- `recorder`: group commit of completions (their JSON redacted as `proxy.privacy` says), then the
+  conversation index and the metrics learn them;
 - `finalizer`: turns ended, rewarded sessions into trajectories (rewards/finalizer.py), sweeping in
   the background while the services live; it waits for a session's `calls` still in flight;
 - `database`: the circuit that refuses new work with 503 while the database is unreachable;
@@ -16,7 +17,8 @@ The parts, and what each is given (none of them sees this container):
 - `hooks`, `hook_runner`: the reward hooks sessions may name, and the runner that labels ended sessions
   with them in this process (rewards/runner.py), unless `flywheel rewards` processes do;
 - `background`: tasks that outlive a request (a stream's recording after its client left), awaited at
-  shutdown; `health_checks` of the workers run while the services live.
+  shutdown; `health_checks` of the workers, and the purge of raw JSON past `proxy.privacy`'s retention,
+  run while the services live.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from proxy.database import DatabaseCircuit
 from proxy.metrics import ProxyMetrics
 from proxy.rate_limits import KeyLimiter
 from proxy.recording.indexing import IndexingRecorder
-from proxy.sessions import SessionCalls
+from proxy.recording.redaction import Redactor
+from proxy.recording.retention import purging
+from proxy.sessions import NewConversations, SessionCalls
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
 from proxy.workers.routing import Balancer, RoutingPolicy, health_checks
 from rewards.config import RewardsConfig
-from rewards.finalizer import SessionFinalizer
+from rewards.finalizer import FinalizerMetrics, SessionFinalizer
 from rewards.hooks.registry import HookRegistry
 from rewards.metrics import HookMetrics
 from rewards.runner import HookRunner
@@ -115,6 +119,7 @@ class ProxyServices:
     hook_runner: HookRunner | None
     """Runs reward hook jobs in this process (`rewards.runner.in_proxy`), else None."""
     started_at: int = field(default_factory=lambda: int(time.time()))
+    new_conversations: NewConversations = field(default_factory=NewConversations)
 
 
 async def get_services(request: Request) -> ProxyServices:
@@ -179,7 +184,7 @@ async def build_services(
     background = Background()
     database = DatabaseCircuit(engine, metrics, proxy.database_retry_after_s, proxy.database_probe_interval_s)
     calls = SessionCalls()
-    finalizer = SessionFinalizer(session_factory, proxy.finalizer, calls)
+    finalizer = SessionFinalizer(session_factory, proxy.finalizer, calls, FinalizerMetrics(metrics.registry))
     hook_runner = None
     if rewards.runner.in_proxy:
         hook_runner = HookRunner(
@@ -201,7 +206,8 @@ async def build_services(
         prompter=Prompter(conversations, tokenizer, metrics, background.spawn, proxy.tokenize_in_thread_chars,
                           proxy.drift_check_every),
         recorder=IndexingRecorder(session_factory, proxy.record_batch_max, metrics, conversations,
-                                  proxy.record_retry_s, database.failed),
+                                  proxy.record_retry_s, database.failed,
+                                  Redactor(proxy.privacy, proxy.tokenize_in_thread_chars)),
         finalizer=finalizer,
         calls=calls,
         database=database,
@@ -231,6 +237,7 @@ async def build_services(
         if hook_runner is not None:  # stops (handing its running jobs back) before the finalizer does
             await stack.enter_async_context(hook_runner.running())
         await stack.enter_async_context(services.limiter.tokens.flushing())
+        await stack.enter_async_context(purging(session_factory, proxy.privacy))
         await stack.enter_async_context(health_checks(balancer, proxy.health_check_interval_s))
         yield services
 

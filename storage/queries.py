@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,10 +86,12 @@ def _key_row(key_hash: str, scope: KeyScope, limits: KeyLimits) -> ApiKey:
 async def active_owned_sessions(
     session_factory: SessionFactory, owner_key_hash: str, among: Collection[str] | None = None
 ) -> list[str]:
-    """The active sessions an online key's calls made (of `among` only, when given), newest first."""
+    """The active sessions an online key's calls made without a conversation hint (of `among` only, when
+    given), newest first: the sessions its unhinted calls may join by their messages."""
     query = (
         select(Session.id)
-        .where(Session.owner_key_hash == owner_key_hash, Session.status == SessionStatus.ACTIVE.value)
+        .where(Session.owner_key_hash == owner_key_hash, Session.status == SessionStatus.ACTIVE.value,
+               Session.conversation.is_(None))
         .order_by(Session.created_at.desc(), Session.id)
     )
     if among is not None:
@@ -141,7 +143,8 @@ async def _add_sessions(db: AsyncSession, sessions: Sequence[SessionRecord]) -> 
         await _check_group_room(db, group_id, joining)
     for s in sessions:
         db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata),
-                       owner_key_hash=s.owner_key_hash, reward_hooks=s.reward_hooks or None))
+                       owner_key_hash=s.owner_key_hash, reward_hooks=s.reward_hooks or None,
+                       conversation=s.conversation))
     await db.flush()  # sessions before the keys that point at them
     for s in sessions:
         db.add(ApiKey(key_hash=s.key_hash, scope=KeyScope.SESSION.value, session_id=s.id))
@@ -218,6 +221,7 @@ def _completion_row(record: CompletionRecord) -> dict[str, Any]:
         "top_p": record.top_p,
         "top_k": record.top_k,
         "branched": record.branched,
+        "orphan_of": record.orphan_of,
         "request_json": record.request_json,
         "response_json": record.response_json,
     }
@@ -257,14 +261,16 @@ class SessionChangedError(RuntimeError):
 
 async def insert_trajectories(
     session_factory: SessionFactory, session_id: str, trajectories: Sequence[TrajectoryRecord],
-    completions: int | None = None,
+    completions: int | None = None, orphans: Mapping[str, str] | None = None,
 ) -> list[int]:
     """Write a session's trajectories and mark it finalized, in one transaction, so a claimer never sees a
     finalized session without its trajectories. An empty list finalizes a rejected session. Returns the
     new ids, in order. A session already finalized is a ValueError; an unknown one a LookupError.
     `completions`: how many the trajectories were built from; if the session has more by now (a call
     recorded since), nothing is written and SessionChangedError says to build them again. From this
-    transaction on no completion can join the session (a trigger refuses it: migration 0006)."""
+    transaction on no completion can join the session (a trigger refuses it: migration 0006).
+    `orphans`: the session's retry orphans, each marked `orphan_of` the completion kept in its stead, in
+    the same transaction (rewards/orphans.py)."""
     rows = [_trajectory_row(t) for t in trajectories]
     async with write_transaction(session_factory) as db:
         group_id, baseline_key = await _finalize(db, session_id)
@@ -274,6 +280,10 @@ async def insert_trajectories(
             )
             if now != completions:
                 raise SessionChangedError(f"session {session_id} has {now} completions, not {completions}")
+        for orphan_id, kept_id in (orphans or {}).items():  # a few at most: one statement each
+            await db.execute(update(Completion)
+                             .where(Completion.id == orphan_id, Completion.session_id == session_id)
+                             .values(orphan_of=kept_id))
         if not rows:
             return []
         for row in rows:
@@ -369,6 +379,7 @@ def completion_record(c: Completion) -> CompletionRecord:
         top_p=c.top_p,
         top_k=c.top_k,
         branched=c.branched,
+        orphan_of=c.orphan_of,
         request_json=c.request_json,
         response_json=c.response_json,
     )

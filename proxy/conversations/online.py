@@ -10,7 +10,7 @@ agents that rewrite their history and so never extend their own earlier calls): 
 session the key owns with that hint (sessions.conversation), or starts one with it, whatever its
 messages; within that session its prompt still chains token-exactly where the history allows, else it is
 a flagged branch. Hinted and unhinted calls never share a session: `find_online_session` looks only at
-the key's sessions without a hint. docs/online-grouping.md says why a header, and what a new
+the key's sessions without a hint. docs/online.md says why a header, and what a new
 conversation does to the last (`proxy.online.end_on_new_conversation`).
 """
 

@@ -1,4 +1,4 @@
-"""User feedback on completions (`POST /rl/v1/feedback`, docs/online-feedback.md): which completion it is
+"""User feedback on completions (`POST /rl/v1/feedback`, docs/online.md): which completion it is
 on, who may give it and what it counts as. storage/feedback.py stores it, and its reward where it is in
 time, in one transaction; here it is held under the session's finalizer guard, as REST rewards are, so a
 finalization in this process sees a reward written before it."""

@@ -19,6 +19,7 @@ from proxy.errors import OpenAIError, describe_validation_errors
 from proxy.rl.schemas import (
     CompletionSummary,
     EndSessionResponse,
+    FeedbackSummary,
     HookJobView,
     KeyView,
     RewardResponse,
@@ -258,6 +259,7 @@ async def describe(services: ProxyServices, principal: Principal, session_id: st
                 id=c.id, parent_id=c.parent_id, finish_reason=c.finish_reason,
                 prompt_tokens=prompt_lengths[c.id], completion_tokens=len(c.output_ids),
                 versions=sorted({int(v) for v in c.output_versions}), temperature=c.temperature,
+                orphan_of=c.orphan_of,
             )
             for c in snapshot.completions
         ],
@@ -276,6 +278,11 @@ async def describe(services: ProxyServices, principal: Principal, session_id: st
                 finished_at=None if job.finished_at is None else as_utc(job.finished_at).isoformat(),
             )
             for job in jobs
+        ],
+        feedback=[
+            FeedbackSummary(id=f.id, completion_id=f.completion_id, value=f.value, thumbs=f.thumbs,
+                            state=f.state, created_at=f.created_at.isoformat())
+            for f in snapshot.feedback
         ],
     )
 

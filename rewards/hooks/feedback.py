@@ -6,7 +6,7 @@ its latest comment, as an LLM judge reads how satisfied the user was, mapped ont
 counts: no opinion.
 
 The hook sees the feedback given by the time it runs (once the session has ended); feedback arriving
-later reaches training through its own reward on the completion (docs/online-feedback.md).
+later reaches training through its own reward on the completion (docs/online.md).
 """
 
 from __future__ import annotations

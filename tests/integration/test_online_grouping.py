@@ -1,4 +1,4 @@
-"""Grouping an online key's live traffic (proxy/conversations/online.py, docs/online-grouping.md), with
+"""Grouping an online key's live traffic (proxy/conversations/online.py, docs/online.md), with
 the real `openai` client against a real proxy and scripted workers: a conversation hint holds an agent
 that rewrites its history to one session (chained where the history allows, flagged branches where it
 does not); a new unhinted conversation ends the key's last one; a call the client retried after a

@@ -25,7 +25,7 @@ BODIES = {
     "/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/responses": "input",
     "/rl/v1/sessions": "task", "/rl/v1/groups": "size", "/rl/v1/sessions/{session_id}/reward": "value",
     "/rl/v1/completions/{completion_id}/reward": "value", "/rl/start_session": "task_id",
-    "/rl/set_reward": "reward",
+    "/rl/set_reward": "reward", "/rl/v1/feedback": "value",
 }
 """Each POST route that reads a body, and a property its declared schema must have."""
 
