@@ -61,6 +61,8 @@ class LoopThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():  # else it is still running: closing would fail
+            self.loop.close()  # its selector and self-pipe: a long test session would run out of them
 
 
 def run_db(db_url: str, fn: Callable[[SessionFactory], Awaitable[T]]) -> T:

@@ -5,7 +5,7 @@ so the test process never holds it, and stops as soon as the answer arrives."""
 from __future__ import annotations
 
 import json
-import select
+import selectors
 import socket
 import time
 from dataclasses import dataclass
@@ -53,14 +53,17 @@ def _write_until_answered(sock: socket.socket, size: int, chunked: bool, deadlin
     pending = b""
     sent = 0
     sock.setblocking(False)
+    # A selector, not select(): a long test session may hold file descriptors past select()'s 1024.
+    watch = selectors.DefaultSelector()
+    watch.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
     try:
         while sent < size or pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no answer after sending {sent} of {size} body bytes")
-            readable, writable, _ = select.select([sock], [sock], [], 1.0)
-            if readable:
+            events = next((mask for _key, mask in watch.select(1.0)), 0)
+            if events & selectors.EVENT_READ:
                 return sent
-            if not writable:
+            if not events & selectors.EVENT_WRITE:
                 continue
             if not pending:
                 piece = block[: min(_CHUNK, size - sent)]
@@ -75,6 +78,7 @@ def _write_until_answered(sock: socket.socket, size: int, chunked: bool, deadlin
             sock.sendall(b"0\r\n\r\n")
         return sent
     finally:
+        watch.close()
         sock.setblocking(True)
 
 
