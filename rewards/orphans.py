@@ -11,59 +11,25 @@ A completion is a retry orphan when
   call: a choice the agent did not continue from is a sample it was offered, not an orphan).
 Two identical calls of which neither was continued are not orphans: that is deliberate resampling.
 
-`turn_key` compares new messages as the proxy's prefix matching does (proxy/conversations/text.py's
+`turn_key` compares new messages by the keys the proxy's prefix matching compares (rewards/message_keys.py
 `message_key`): role, content text and tool calls by function name and canonical JSON arguments,
 ignoring what clients rewrite or drop on a retry (tool-call ids, `tool_call_id`, `name`,
-`reasoning_content`).
+`reasoning_content`, the whitespace around an answer).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rewards.message_keys import canonical_json, message_key
 from storage.records import CompletionRecord
 
 CHAT_VIEW = "chat_view"  # a Responses call's record: the chat messages it added (proxy/conversations/tree.py)
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _arguments(arguments: Any) -> str:
-    """Tool-call arguments as canonical JSON text; a string that is not JSON stays as it is."""
-    if isinstance(arguments, str):
-        try:
-            return _canonical(json.loads(arguments))
-        except ValueError:
-            return arguments
-    return _canonical(arguments)
-
-
-def _text(content: Any) -> str:
-    """Content as the chat template sees it: text parts joined by newlines, None as the empty string."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        return "\n".join(
-            str((part.get("text") if part.get("type") == "text" else part.get("refusal")) or "")
-            if isinstance(part, Mapping)
-            else str(part)
-            for part in content
-        )
-    return str(content)
-
-
-def _message(message: Any) -> list[Any]:
-    if not isinstance(message, Mapping):
-        return [_canonical(message)]
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = (call.get("function") if isinstance(call, Mapping) else None) or {}
-        calls.append([str(function.get("name", "")), _arguments(function.get("arguments", ""))])
-    return [str(message.get("role", "")), _text(message.get("content")), calls]
+def _message(message: Any) -> Any:
+    return list(message_key(message)) if isinstance(message, Mapping) else canonical_json(message)
 
 
 def turn_key(request_json: Mapping[str, Any]) -> str:
@@ -73,8 +39,8 @@ def turn_key(request_json: Mapping[str, Any]) -> str:
     source = view if isinstance(view, Mapping) else request_json
     messages = source.get("messages")
     if isinstance(messages, list):
-        return _canonical([[_message(m) for m in messages], source.get("tools") or None])
-    return _canonical(["prompt", request_json.get("prompt")])
+        return canonical_json([[_message(m) for m in messages], source.get("tools") or None])
+    return canonical_json(["prompt", request_json.get("prompt")])
 
 
 def _call_of(completion: CompletionRecord) -> str:

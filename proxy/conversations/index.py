@@ -8,9 +8,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from proxy.config import DEFAULT_MAX_NODES, DEFAULT_MAX_SESSIONS
-from proxy.conversations.text import ConversationKeys, MessageKey, is_assistant
+from proxy.conversations.text import ConversationKeys
 from proxy.conversations.tree import SessionTree
 from proxy.privacy import is_redacted
+from rewards.message_keys import MessageKey, is_assistant
 from storage.engine import SessionFactory
 from storage.queries import load_session_completions
 from storage.records import CompletionRecord

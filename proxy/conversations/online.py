@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from proxy.conversations.index import ConversationIndex
-from proxy.conversations.text import MessageKey, is_assistant, message_key, tools_key
 from proxy.errors import OpenAIError
+from rewards.message_keys import MessageKey, is_assistant, message_key, tools_key
 from storage.engine import SessionFactory
 from storage.queries import active_owned_sessions
 

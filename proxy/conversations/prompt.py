@@ -12,16 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.conversations.index import ConversationIndex
-from proxy.conversations.text import (
-    ConversationKeys,
-    MessageKey,
-    SuffixError,
-    message_key,
-    render_suffix,
-    tools_key,
-)
+from proxy.conversations.text import ConversationKeys, SuffixError, render_suffix
 from proxy.metrics import ProxyMetrics
 from proxy.tokenize import ChatTokenizer, template_chars
+from rewards.message_keys import MessageKey, message_key, tools_key
 
 logger = logging.getLogger(__name__)
 

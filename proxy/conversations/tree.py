@@ -19,14 +19,8 @@ from pydantic import ValidationError
 
 from proxy.config import DEFAULT_MAX_NODES
 from proxy.conversations.messages import TemplateInput
-from proxy.conversations.text import (
-    ConversationKeys,
-    MessageKey,
-    is_assistant,
-    message_key,
-    prefix_hashes,
-    tools_key,
-)
+from proxy.conversations.text import ConversationKeys, prefix_hashes
+from rewards.message_keys import MessageKey, is_assistant, message_key, tools_key
 from storage.records import CompletionRecord
 
 CHAT_VIEW = "chat_view"

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from proxy.config import ProxyConfig
 from proxy.conversations.index import ConversationIndex
-from proxy.conversations.text import MessageKey, message_key
+from rewards.message_keys import MessageKey, message_key
 from storage.engine import SessionFactory
 from storage.queries import create_session, record_completions
 from storage.records import CompletionRecord, SessionRecord

@@ -224,6 +224,17 @@ def test_an_edited_or_dropped_history_starts_a_flagged_branch(proxy: Proxy) -> N
 
 
 @pytest.mark.parametrize("thinking", [False], ids=["chatml"])
+def test_an_answer_sent_back_with_other_surrounding_whitespace_still_chains(proxy: Proxy) -> None:
+    """Agents such as hermes-agent strip the answers they send back: still the same turn."""
+    first = turn(proxy, [SYSTEM, SUMMARIZE], stream=False)
+    assert first["content"] == "Three lookups."
+    padded = {"role": "assistant", "content": f"  {first['content']} \n"}
+    turn(proxy, [SYSTEM, SUMMARIZE, padded, SUMMARIZE], stream=False)
+    rows = session_completions(proxy)
+    assert rows[1].parent_id == rows[0].id and not rows[1].branched
+
+
+@pytest.mark.parametrize("thinking", [False], ids=["chatml"])
 def test_a_restarted_proxy_rebuilds_the_tree_from_the_database(
     proxy: Proxy, db_url: str, model_dir: Path, worker: ScriptedWorker
 ) -> None:

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.conversations.text import (
-    SuffixError,
-    canonical_arguments,
-    closed_length,
-    message_key,
-    render_suffix,
-    tools_key,
-)
+from proxy.conversations.text import SuffixError, closed_length, render_suffix
 from proxy.tokenize import ChatTokenizer, load_chat_tokenizer
+from rewards.message_keys import canonical_arguments, message_key, tools_key
 from tests.support.chat_conversation import CALL, RESULT, USER, call
 from tests.support.qwen3_template import QWEN3_STYLE_TEMPLATE
 
@@ -39,6 +33,11 @@ def test_keys_ignore_ids_and_reasoning_and_compare_parsed_arguments() -> None:
     parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
     assert message_key(parts) == message_key({"role": "user", "content": "a\nb"})
     assert message_key({"role": "user", "content": "x"}) != message_key({"role": "system", "content": "x"})
+    # An agent that strips the answers it sends back (hermes-agent) still extends them; users' text is kept.
+    assert message_key({"role": "assistant", "content": " Hi there.\n"}) == message_key(
+        {"role": "assistant", "content": "Hi there."}
+    )
+    assert message_key({"role": "user", "content": " x"}) != message_key({"role": "user", "content": "x"})
     assert canonical_arguments("not json") == "not json"
     assert tools_key(None) is None and tools_key([]) is None
     assert tools_key([{"b": 1, "a": 2}]) == tools_key([{"a": 2, "b": 1}])

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from proxy.conversations.text import message_key, tools_key
 from proxy.conversations.tree import SessionTree, chat_record
 from proxy.openai.schemas import ChatCompletionRequest
+from rewards.message_keys import message_key, tools_key
 from storage.records import CompletionRecord
 from tests.support.chat_conversation import CALL, FINAL, RESULT, SUMMARY, USER, call
 

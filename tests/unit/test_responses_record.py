@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.conversations.text import message_key
 from proxy.conversations.tree import chat_record
 from proxy.openai.responses.input import items_to_messages
 from proxy.openai.responses.record import request_answered, request_with_view
+from rewards.message_keys import message_key
 from storage.records import CompletionRecord
 
 CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": '{"x": 1}',
