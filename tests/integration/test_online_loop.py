@@ -21,7 +21,7 @@ from rewards.config import FinalizerConfig, RewardsConfig
 from serving.client import WorkerPool
 from serving.config import ClientConfig
 from storage.engine import SessionFactory
-from storage.models import Completion, PolicyVersion, TrainStep, VersionStatus
+from storage.models import Completion, Feedback, PolicyVersion, Session, TrainStep, VersionStatus
 from tests.support.databases import key_hasher
 from tests.support.online_loop import (
     LocalPolicy,
@@ -146,6 +146,19 @@ async def test_online_loop_promotes_learning_and_never_serves_a_damaged_update(
     assert info["weight_version"] in {str(v) for v in promoted} | {"default"}
 
     assert stats.turns > 0 and stats.feedback["applied"] > 0, stats
+    # Feedback came late (after its conversation had ended) and out of order (not in answer order).
+    async with session_factory() as db:
+        rows = (
+            await db.execute(
+                select(Feedback.created_at, Session.ended_at, Completion.created_at)
+                .join(Session, Session.id == Feedback.session_id)
+                .join(Completion, Completion.id == Feedback.completion_id)
+                .order_by(Feedback.id)
+            )
+        ).all()
+    assert any(ended is not None and given > ended for given, ended, _ in rows)
+    answered = [answered_at for _, _, answered_at in rows]
+    assert answered != sorted(answered)
     assert not [e for e in stats.errors if not e.startswith("feedback 4")], stats.errors
     async with httpx.AsyncClient(base_url=proxy.base_url) as http:
         policy_view = (await http.get("/rl/v1/policy", headers={"Authorization": f"Bearer {keys[0]}"})).json()
