@@ -37,7 +37,7 @@ demo: $(VENV)/.installed
 
 # The agent venvs were just built, so a test that finds one missing fails instead of skipping.
 test: $(VENV)/.installed $(HERMES_INSTALLED)
-	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra
+	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra -n 3 --dist loadfile
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

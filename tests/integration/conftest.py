@@ -6,6 +6,7 @@ instance. The database fixtures (`db_url`, `engine`, ...) are in tests/conftest.
 - `worker`: one scripted worker speaking the module's `script` fixture (made with `install_script`).
 - `proxies`: a `ProxyFactory` on `db_url` and the tiny model; `proxy`: one proxy in front of `scripted`.
 - `ray_cluster`: a local Ray instance for the whole session.
+- `hermes_python`: the python of hermes-agent's own venv (`make agents`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,21 @@ import pytest
 from tests.support.proxy_harness import LoopThread, Proxy, ProxyFactory
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
+
+HERMES_PYTHON = Path(__file__).resolve().parents[2] / ".venv-agents" / "hermes" / "bin" / "python"
+REQUIRE_AGENTS_ENV = "FLYWHEEL_TEST_REQUIRE_AGENTS"
+
+
+@pytest.fixture(name="hermes_python")
+def hermes_python_fixture() -> Path:
+    """hermes-agent pins openai 2.x, so it runs from a venv of its own: skip without it, or fail when
+    FLYWHEEL_TEST_REQUIRE_AGENTS=1 (as `make test` and CI set)."""
+    if not HERMES_PYTHON.exists():
+        reason = f"hermes-agent's venv is missing ({HERMES_PYTHON}): run `make agents`"
+        if os.environ.get(REQUIRE_AGENTS_ENV) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return HERMES_PYTHON
 
 
 @pytest.fixture

@@ -22,9 +22,7 @@ from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
 REPO = Path(__file__).resolve().parents[2]
-HERMES_PYTHON = REPO / ".venv-agents" / "hermes" / "bin" / "python"
 DRIVER = REPO / "tests" / "support" / "hermes_driver.py"
-REQUIRE_AGENTS_ENV = "FLYWHEEL_TEST_REQUIRE_AGENTS"
 CONTEXT_LENGTH = 100_000  # hermes-agent refuses tool use below 64K; an odd value shows it read the probes
 TODOS = [{"id": "1", "content": "Greet the user", "status": "completed"}]
 CALL = '<tool_call>\n' + json.dumps({"name": "todo", "arguments": {"todos": TODOS}}) + '\n</tool_call>'
@@ -35,15 +33,6 @@ QUESTION = "Plan a greeting with your todo tool, then greet me."
 def reply(prompt: str) -> str:
     return ANSWER if "<tool_response>" in prompt else CALL
 
-
-@pytest.fixture(name="hermes_python")
-def hermes_python_fixture() -> Path:
-    if not HERMES_PYTHON.exists():
-        reason = f"hermes-agent's venv is missing ({HERMES_PYTHON}): run `make agents`"
-        if os.environ.get(REQUIRE_AGENTS_ENV) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return HERMES_PYTHON
 
 
 @pytest.fixture(name="script")

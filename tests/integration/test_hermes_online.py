@@ -33,22 +33,11 @@ from tests.support.proxy_harness import ProxyFactory, run_db
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-HERMES_PYTHON = REPO / ".venv-agents" / "hermes" / "bin" / "python"
 CHAT = REPO / "integrations" / "hermes" / "chat.py"
-REQUIRE_AGENTS_ENV = "FLYWHEEL_TEST_REQUIRE_AGENTS"
 CONTEXT_LENGTH = 100_000  # hermes-agent refuses a model whose context is below 64K tokens
 SCRIPT = "Hello there.\n/good\nTell me more.\n/score 1\n/quit\n"
 PROMOTION_DEADLINE_S = 120.0
 
-
-@pytest.fixture(name="hermes_python")
-def hermes_python_fixture() -> Path:
-    if not HERMES_PYTHON.exists():
-        reason = f"hermes-agent's venv is missing ({HERMES_PYTHON}): run `make agents`"
-        if os.environ.get(REQUIRE_AGENTS_ENV) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return HERMES_PYTHON
 
 
 @pytest.fixture

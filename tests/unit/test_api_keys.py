@@ -108,7 +108,7 @@ def test_weak_client_chosen_keys_are_refused_naming_the_minimum(key: str) -> Non
 @pytest.mark.parametrize("key", [
     secrets.token_hex(16), str(uuid.uuid4()), secrets.token_urlsafe(32),
     "fw-sess-" + secrets.token_urlsafe(32),
-])
+], ids=["hex", "uuid", "urlsafe", "session-style"])  # fixed ids: every test process collects the same tests
 def test_random_client_chosen_keys_are_accepted(key: str) -> None:
     check_client_key(key)
 
