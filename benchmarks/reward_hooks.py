@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import aiohttp
@@ -51,7 +51,7 @@ from benchmarks.overhead.load import Measurement, Target, chat_target, measure_w
 from benchmarks.overhead.stacks import Server
 from storage.config import StorageConfig
 from storage.engine import SessionFactory, create_engine, create_sessionmaker
-from storage.models import JobState, Reward, RewardJob, Session, SessionStatus, Trajectory
+from storage.models import JobState, Reward, RewardJob, Session, SessionStatus, Trajectory, as_utc
 from storage.queries import record_completions
 from storage.records import CompletionRecord
 
@@ -133,11 +133,6 @@ class Row:
     first_error: str | None
 
 
-def _utc(moment: datetime) -> datetime:
-    """`moment` as an aware UTC datetime (SQLite hands back naive ones)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def _completion(session_id: str, text: str) -> CompletionRecord:
     return CompletionRecord(
         id=f"chatcmpl-bench-{session_id}", session_id=session_id, parent_id=None, prompt_ids=[1, 2, 3],
@@ -190,11 +185,11 @@ async def check_rest(factory: SessionFactory, ids: Sequence[str], answers: Seque
     async with factory() as db:
         rewards = {str(sid): float(value) for sid, value in (await db.execute(
             select(Reward.session_id, Reward.value).where(Reward.session_id.in_(ids)))).all()}
-        written = {str(sid): _utc(at) for sid, at in (await db.execute(
+        written = {str(sid): as_utc(at) for sid, at in (await db.execute(
             select(Trajectory.session_id, first_trajectory).where(Trajectory.session_id.in_(ids))
             .group_by(Trajectory.session_id))).all()}
         ends = (await db.execute(select(Session.id, Session.ended_at).where(Session.id.in_(ids)))).all()
-        ended = {str(sid): _utc(at) for sid, at in ends if at is not None}
+        ended = {str(sid): as_utc(at) for sid, at in ends if at is not None}
     problems = [sid for sid, item in zip(ids, answers, strict=True)
                 if rewards.get(sid) != (1.0 if item.right else 0.0) or sid not in written or sid not in ended]
     if problems:
@@ -256,7 +251,7 @@ async def check_labels(factory: SessionFactory, ids: Sequence[str], answers: Seq
         problems.append(f"{len(jobs)} hook jobs for {len(ids)} sessions")
     by_session: dict[str, list[tuple[float, datetime]]] = {}
     for session_id, value, created_at in rewards:
-        by_session.setdefault(str(session_id), []).append((value, _utc(created_at)))
+        by_session.setdefault(str(session_id), []).append((value, as_utc(created_at)))
     lags_ms: list[float] = []
     ends: list[datetime] = []
     written: list[datetime] = []
@@ -272,8 +267,8 @@ async def check_labels(factory: SessionFactory, ids: Sequence[str], answers: Seq
         if ended_at is None:
             problems.append(f"{session_id} has no ended_at")
             continue
-        lags_ms.append((created_at - _utc(ended_at)).total_seconds() * 1000)
-        ends.append(_utc(ended_at))
+        lags_ms.append((created_at - as_utc(ended_at)).total_seconds() * 1000)
+        ends.append(as_utc(ended_at))
         written.append(created_at)
     if problems:
         raise RuntimeError(f"{len(problems)} labelling problem(s): " + "; ".join(problems[:10]))

@@ -49,10 +49,10 @@ from rewards.finalize import (
     is_trainable,
 )
 from rewards.orphans import retry_orphans
-from rewards.snapshot import SessionSnapshot, as_utc, load_session_snapshot
+from rewards.snapshot import SessionSnapshot, load_session_snapshot
 from storage.engine import SessionFactory
 from storage.errors import is_unavailable
-from storage.models import Completion, Session, SessionStatus
+from storage.models import Completion, Session, SessionStatus, as_utc
 from storage.queries import SessionChangedError, end_session, insert_trajectories
 from storage.records import CompletionRecord, TrajectoryRecord
 from storage.reward_jobs import hooks_pending

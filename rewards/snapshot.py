@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from rewards.finalize import RewardEntry
 from storage.engine import SessionFactory
 from storage.feedback import StoredFeedback, feedback_of_session
-from storage.models import Completion, Reward, Session
+from storage.models import Completion, Reward, Session, as_utc
 from storage.queries import completion_record
 from storage.records import CompletionRecord
 from storage.reward_jobs import has_hooks, hooks_pending
@@ -58,11 +58,6 @@ class SessionSnapshot:
 
     def reward_entries(self) -> list[RewardEntry]:
         return [reward.entry() for reward in self.rewards]
-
-
-def as_utc(moment: datetime) -> datetime:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 async def load_session_snapshot(

@@ -18,14 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.engine import SessionFactory, affected_rows, write_transaction
-from storage.models import Completion, Feedback, FeedbackState, Reward, Session, SessionStatus, Trajectory
+from storage.models import (
+    Completion,
+    Feedback,
+    FeedbackState,
+    Reward,
+    Session,
+    SessionStatus,
+    Trajectory,
+    as_utc,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,11 +194,6 @@ async def _trainable_targets(db: AsyncSession, entry: FeedbackEntry) -> list[int
     return ids if free.issuperset(ids) else None
 
 
-def _utc(moment: datetime) -> datetime:
-    """SQLite hands back naive datetimes; every timestamp stored is UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def _trains(completion_ids: Any, completion_id: str) -> bool:
     return isinstance(completion_ids, list) and completion_id in completion_ids
 
@@ -219,7 +223,7 @@ async def feedback_of_session(db: AsyncSession, session_id: str) -> list[StoredF
             thumbs=f.thumbs,
             comment=f.comment,
             state=f.state,
-            created_at=_utc(f.created_at),
+            created_at=as_utc(f.created_at),
         )
         for f in rows
     ]

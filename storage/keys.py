@@ -32,7 +32,7 @@ from sqlalchemy import and_, make_url, or_, select, update
 
 from storage.config import MIN_KEY_SECRET_CHARS, StorageConfig, StorageSetupError
 from storage.engine import SQLITE_DRIVER, SessionFactory, write_transaction
-from storage.models import ApiKey, KeyHashScheme, KeyScope, Session
+from storage.models import ApiKey, KeyHashScheme, KeyScope, Session, as_utc
 
 logger = logging.getLogger(__name__)
 
@@ -242,11 +242,8 @@ async def revoke_key(session_factory: SessionFactory, key_id: int) -> KeyInfo:
 
 
 def _info(row: ApiKey) -> KeyInfo:
-    revoked_at = None if row.revoked_at is None else _utc(row.revoked_at)
-    return KeyInfo(id=row.id, scope=row.scope, created_at=_utc(row.created_at), revoked_at=revoked_at,
+    revoked_at = None if row.revoked_at is None else as_utc(row.revoked_at)
+    return KeyInfo(id=row.id, scope=row.scope, created_at=as_utc(row.created_at), revoked_at=revoked_at,
                    session_id=row.session_id)
 
 
-def _utc(moment: datetime) -> datetime:
-    """SQLite hands back the UTC times it stores without their zone; Postgres with it."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -45,6 +45,11 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """A stored time with its zone: SQLite hands back the UTC times it stores without it, Postgres with it."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 # Python-side default for microsecond order on SQLite; server default for rows written by hand.
 Created = Annotated[datetime, mapped_column(default=_utc_now, server_default=func.now())]
 

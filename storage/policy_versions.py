@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 
 from storage.engine import SessionFactory, write_transaction
-from storage.models import PolicyVersion, VersionStatus
+from storage.models import PolicyVersion, VersionStatus, as_utc
 from storage.records import EvalResult
 
 
@@ -48,8 +48,8 @@ class VersionInfo:
             "parent_version": self.parent_version,
             "eval_score": self.eval_score,
             "reason": self.reason,
-            "served_at": None if self.served_at is None else self.served_at.isoformat(),
-            "created_at": self.created_at.isoformat(),
+            "served_at": None if self.served_at is None else as_utc(self.served_at).isoformat(),
+            "created_at": as_utc(self.created_at).isoformat(),
         }
 
 

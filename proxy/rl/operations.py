@@ -31,10 +31,10 @@ from proxy.sessions import new_group_id, new_session_id
 from rewards.hooks.adapters import HookConfigError
 from rewards.hooks.contract import HookLevel
 from rewards.hooks.spec import HookSpec, parse_specs, stored_hooks
-from rewards.snapshot import as_utc, load_session_snapshot
+from rewards.snapshot import load_session_snapshot
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
-from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus
+from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus, as_utc
 from storage.queries import (
     add_reward,
     create_group,
