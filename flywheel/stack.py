@@ -109,7 +109,7 @@ async def _start_eval_engine(
     index = serving.num_workers
     child = start_engine(config_path, overrides, index, config.run.dir / "logs")
     stack.children.append(child)
-    url = f"http://{serving.host}:{serving.port + index}"
+    url = serving.engine_url(index)
     await wait_healthy(child, f"{url}/health", timeout_s=600)
     return url
 

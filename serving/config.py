@@ -83,4 +83,8 @@ class ServingConfig(_Strict):
         """`worker_urls`, else http://{host}:{port + i} for each of the `num_workers` workers."""
         if self.worker_urls:
             return [url.rstrip("/") for url in self.worker_urls]
-        return [f"http://{self.host}:{self.port + i}" for i in range(self.num_workers)]
+        return [self.engine_url(i) for i in range(self.num_workers)]
+
+    def engine_url(self, index: int) -> str:
+        """The URL of the engine `flywheel engine --worker-index index` serves on this machine."""
+        return f"http://{self.host}:{self.port + index}"
