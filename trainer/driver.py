@@ -183,8 +183,7 @@ class Driver:
         evaluated = replace(result, details=details)
         await settle(self._db, candidate, promoted=False, result=evaluated, reason=decision.reason)
         logger.warning("rejected version %d: %s", candidate, decision.reason)
-        if best is None:  # unreachable: a rejection needs a best version to compare with
-            raise RuntimeError(f"version {candidate} was rejected without a best version")
+        assert best is not None  # `decide` promotes whatever it has nothing to compare with
         await self._policy.load(best.checkpoint_path)
         served = await served_version(self._db)
         if served is None or served.version != best.version:

@@ -130,8 +130,6 @@ class LocalPolicy:
     def __init__(self, model_dir: Path, config: TrainerConfig) -> None:
         self.policy = Policy(str(model_dir), config)
         self._damage = False
-        self.damaged_versions: list[int] = []
-        self._steps = 0
 
     def damage_next_step(self) -> None:
         self._damage = True
