@@ -134,8 +134,8 @@ class TemplateInput(_Lenient):
 
     @property
     def offers_tools(self) -> bool:
-        """Tools reach the template and tool calls are parsed, unless `tool_choice` is "none".
-        "required" and a named function are parsed as "auto": the CPU engine cannot constrain decoding."""
+        """Tools reach the template and tool calls are parsed, unless `tool_choice` is "none" ("required"
+        and a named function also constrain decoding: proxy/openai/chat.py)."""
         return bool(self.tools) and self.tool_choice != "none"
 
     def template_tools(self) -> list[dict[str, Any]] | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import ProxyConfig
+from proxy.errors import OpenAIError
 from proxy.openai.chat_objects import (
     chat_completion,
     chunk,
@@ -23,7 +24,11 @@ from proxy.openai.schemas import ChatCompletionRequest
 from proxy.openai.sse import DONE, sse
 from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
 from proxy.parsers import (
+    ANY_OBJECT_SCHEMA,
+    Constraint,
+    ConstraintError,
     ContentDelta,
+    FunctionSpec,
     OutputParser,
     ReasoningDelta,
     StreamEvent,
@@ -91,11 +96,11 @@ def output_parser(
     body: ChatCompletionRequest, config: ProxyConfig, tokenizer: ChatTokenizer, prompt_ids: list[int]
 ) -> OutputParser:
     """How this request's generated text becomes its message: the configured parsers, tool calls only
-    when tools are offered, and at most one call with `parallel_tool_calls: false`."""
-    if body.offers_tools and body.tool_choice not in (None, "auto"):
-        # Decoding is not constrained (the CPU engine cannot); the output is parsed as with "auto".
-        logger.debug("tool_choice %r is parsed as 'auto'", body.tool_choice)
-    reasoning = reasoning_parser(config.reasoning_parser)
+    when tools are offered, at most one call with `parallel_tool_calls: false`, and the grammar the
+    worker must follow, if the request asks for one."""
+    constraint = decoding_constraint(body, config)
+    # A constrained output is all answer (JSON, or calls): no reasoning block is split off it.
+    reasoning = reasoning_parser(config.reasoning_parser) if constraint is None else None
     in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(
         tokenizer.decode(prompt_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
     )
@@ -104,7 +109,60 @@ def output_parser(
         reasoning=reasoning,
         in_reasoning=in_reasoning,
         max_tool_calls=1 if body.parallel_tool_calls is False else None,
+        constraint=constraint,
     )
+
+
+def decoding_constraint(body: ChatCompletionRequest, config: ProxyConfig) -> Constraint | None:
+    """The grammar the worker enforces: `response_format`'s JSON, else a forced tool call in the
+    configured tool-call format. As in SGLang, `response_format` wins over a forced tool call."""
+    forced = forced_functions(body)
+    requested = body.response_format.constraint() if body.response_format is not None else None
+    if requested is not None or forced is None:
+        if forced is not None:
+            logger.debug("tool_choice %r is not enforced: response_format constrains the output",
+                         body.tool_choice)
+        return requested
+    functions, several = forced
+    try:
+        return tool_call_parser(config.tool_call_parser).forced_calls(functions, several=several)
+    except ConstraintError as exc:
+        raise OpenAIError(400, str(exc), "invalid_request_error", param=exc.param) from None
+
+
+def forced_functions(body: ChatCompletionRequest) -> tuple[list[FunctionSpec], bool] | None:
+    """What `tool_choice` forces: the functions one of which must be called, and whether more calls
+    may follow (`required` unless `parallel_tool_calls: false`); None when nothing is forced."""
+    choice = body.tool_choice
+    if choice in (None, "auto", "none"):
+        return None
+    name = _named_function(choice)
+    if not body.tools:
+        raise _tool_choice_error(f"tool_choice {choice!r} needs 'tools' to choose from.")
+    functions = [FunctionSpec(tool.function.name, tool.function.parameters or ANY_OBJECT_SCHEMA)
+                 for tool in body.tools]
+    if name is None:
+        return functions, body.parallel_tool_calls is not False
+    named = [function for function in functions if function.name == name]
+    if not named:
+        raise _tool_choice_error(f"tool_choice names function {name!r}, which is not in 'tools'.")
+    return named[:1], False
+
+
+def _named_function(choice: str | dict[str, Any]) -> str | None:
+    """The function a named choice names; None for "required"; a 400 for anything else."""
+    if choice == "required":
+        return None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return str(function["name"])
+    raise _tool_choice_error("tool_choice must be 'none', 'auto', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}.")
+
+
+def _tool_choice_error(message: str) -> OpenAIError:
+    return OpenAIError(400, message, "invalid_request_error", param="tool_choice", code="invalid_value")
 
 
 class ChatStream(GenerationStream):

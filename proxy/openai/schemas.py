@@ -7,7 +7,7 @@ the configurable caps (`proxy.limits`) are checked on the valid body, from its `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -16,9 +16,11 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from proxy.conversations.messages import TemplateInput
+from proxy.parsers import ANY_OBJECT_SCHEMA, Constraint, check_schema, json_constraint
 
 INT32_MAX = 2**31 - 1
 """Bound of token counts, `n` and `top_k`: SGLang's integer fields and the 32-bit `completions.top_k`."""
@@ -120,6 +122,45 @@ class SamplingFields(CallBody):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class JsonSchemaFormat(_Lenient):
+    """`response_format.json_schema`: the schema every answer must match (always enforced, whatever
+    `strict` says)."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            check_schema(schema, "schema", "response_format")  # a ValueError: pydantic names the field
+        return schema
+
+
+class ResponseFormat(_Lenient):
+    """`response_format`: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a 'json_schema' response format needs its 'json_schema' object")
+        return self
+
+    def constraint(self) -> Constraint | None:
+        """The grammar the worker enforces (None for text): a schema without `schema` allows any JSON."""
+        if self.type == "json_object":
+            return json_constraint(ANY_OBJECT_SCHEMA)
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = self.json_schema.schema_
+            return json_constraint(schema if schema is not None else {})
+        return None
+
+
 class ChatCompletionRequest(SamplingFields, TemplateInput):
     """OpenAI's chat completion request (its messages and tools: `TemplateInput`), plus the shared
     extensions."""
@@ -129,7 +170,7 @@ class ChatCompletionRequest(SamplingFields, TemplateInput):
     top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX)
     metadata: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def wants_logprobs(self) -> bool:

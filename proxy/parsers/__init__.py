@@ -1,6 +1,7 @@
 """Parsers that turn generated text into OpenAI's structured view (tool calls, reasoning), chosen by
 config like SGLang's `--tool-call-parser` and `--reasoning-parser`. They change only the response JSON:
-the recorded completion keeps the exact tokens the worker generated."""
+the recorded completion keeps the exact tokens the worker generated. Beside them, the grammars that
+make a worker write JSON or a forced tool call in the parser's format (`constraints.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from proxy.parsers.base import (
     StreamEvent,
     ToolCallDelta,
     ToolCallParser,
+)
+from proxy.parsers.constraints import (
+    ANY_OBJECT_SCHEMA,
+    Constraint,
+    ConstraintError,
+    FunctionSpec,
+    check_schema,
+    json_constraint,
 )
 from proxy.parsers.hermes import HermesParser, NoToolParser
 from proxy.parsers.output import OutputParser, OutputStream, ParsedOutput
@@ -40,7 +49,8 @@ def reasoning_parser(name: str | None) -> ReasoningParser | None:
 
 
 __all__ = [
-    "REASONING_PARSERS", "TOOL_CALL_PARSERS", "ContentDelta", "OutputParser", "OutputStream",
-    "ParsedOutput", "ParsedToolCall", "ReasoningDelta", "ReasoningParser", "StreamEvent",
-    "ToolCallDelta", "ToolCallParser", "reasoning_parser", "tool_call_parser",
+    "ANY_OBJECT_SCHEMA", "REASONING_PARSERS", "TOOL_CALL_PARSERS", "Constraint", "ConstraintError",
+    "ContentDelta", "FunctionSpec", "OutputParser", "OutputStream", "ParsedOutput", "ParsedToolCall",
+    "ReasoningDelta", "ReasoningParser", "StreamEvent", "ToolCallDelta", "ToolCallParser", "check_schema",
+    "json_constraint", "reasoning_parser", "tool_call_parser",
 ]

@@ -3,8 +3,11 @@ only becomes content once something else follows it)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from proxy.parsers.constraints import Constraint, FunctionSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,12 @@ class ToolCallParser(Protocol):
         ...
 
     def stream(self) -> ToolCallStream: ...
+
+    def forced_calls(self, functions: Sequence[FunctionSpec], *, several: bool) -> Constraint:
+        """The grammar of output that is only calls in this format: one call (`several`: one or more)
+        of any of `functions`, with arguments matching its parameters; ConstraintError if this format
+        cannot be forced."""
+        ...
 
 
 def held_prefix_length(text: str, tag: str) -> int:

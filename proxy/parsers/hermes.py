@@ -10,11 +10,16 @@ block keeps the whitespace it had there, or one space where it had none (so word
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from proxy.parsers.base import ContentDelta, ParsedToolCall, ToolCallDelta, held_prefix_length
+from proxy.parsers.constraints import CallFormat, Constraint, ConstraintError, FunctionSpec
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+CALL_FORMAT = CallFormat(opening=OPEN + '\n{"name": "{name}", "arguments": ', closing="}\n" + CLOSE,
+                         separator="\n")
+"""Calls as Qwen's chat template writes them, for the grammar of a forced call."""
 
 
 def read_call(inner: str) -> ParsedToolCall | None:
@@ -99,6 +104,9 @@ class HermesParser:
     def stream(self) -> HermesStream:
         return HermesStream()
 
+    def forced_calls(self, functions: Sequence[FunctionSpec], *, several: bool) -> Constraint:
+        return CALL_FORMAT.grammar(functions, several=several)
+
 
 class HermesStream:
     """Incremental `HermesParser.parse`: never sends text that may still turn out to be call markup."""
@@ -158,6 +166,11 @@ class NoToolParser:
 
     def stream(self) -> PassThroughStream:
         return PassThroughStream()
+
+    def forced_calls(self, functions: Sequence[FunctionSpec], *, several: bool) -> Constraint:
+        raise ConstraintError("A forced tool call (tool_choice 'required' or a named function) needs a "
+                              "tool-call format; this server parses none (proxy.tool_call_parser).",
+                              "tool_choice")
 
 
 class PassThroughStream:

@@ -14,6 +14,7 @@ from proxy.parsers.base import (
     ToolCallParser,
     ToolCallStream,
 )
+from proxy.parsers.constraints import Constraint
 from proxy.parsers.reasoning import ReasoningParser, ReasoningStream
 
 
@@ -27,12 +28,14 @@ class ParsedOutput:
 @dataclass(frozen=True, slots=True)
 class OutputParser:
     """The parsing one request gets. `tools` None: tool calls are not parsed (no tools offered, or
-    `tool_choice: none`); `max_tool_calls` 1 when the request set `parallel_tool_calls: false`."""
+    `tool_choice: none`); `max_tool_calls` 1 when the request set `parallel_tool_calls: false`;
+    `constraint` the grammar the worker enforces on the output (JSON, forced tool calls), if any."""
 
     tools: ToolCallParser | None
     reasoning: ReasoningParser | None = None
     in_reasoning: bool = False
     max_tool_calls: int | None = None
+    constraint: Constraint | None = None
 
     def parse(self, text: str) -> ParsedOutput:
         reasoning = None

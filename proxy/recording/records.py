@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.conversations.prompt import ConversationPrompt
-from proxy.workers.plan import ChoiceResult, GenerationPlan
+from proxy.workers.plan import ChoiceResult, GenerationPlan, recorded_request
 from storage.records import CompletionRecord
 
 NO_CONVERSATION = ConversationPrompt([])
@@ -33,7 +33,7 @@ def completion_records(
             temperature=plan.temperature,
             top_p=plan.top_p,
             top_k=plan.top_k,
-            request_json=request_json,
+            request_json=recorded_request(plan, request_json),
             response_json=_own_choice(response_json, first_index + result.index),
             branched=conversation.branched,
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 from proxy.errors import OpenAIError
 from proxy.privacy import DETECTORS, REDACTED_MARK, PrivacyConfig, is_redacted
+from proxy.workers.plan import CONSTRAINT_MARK
 from storage.records import CompletionRecord
 
 KEEP_STRINGS = frozenset(
@@ -60,6 +61,7 @@ KEEP_WHOLE = frozenset(
         "stop",
         "include",
         REDACTED_MARK,
+        CONSTRAINT_MARK,
     }
 )
 """Keys whose values are settings the client wrote (tool definitions, formats, stop strings): kept."""

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from proxy.errors import OpenAIError
 from proxy.parsers import OutputParser
 from proxy.tokenize import ChatTokenizer
@@ -37,6 +39,9 @@ RETRY_SOON = {"Retry-After": "1"}
 """On a worker failure: workers come back within seconds (a restart, a weight push), and the openai
 client waits this long before its own retry."""
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+CONSTRAINT_MARK = "flywheel_constraint"
+"""Key of the recorded request of a completion sampled under a grammar; its value is the kind
+(`json_schema`, `structural_tag`, …): its logprobs are of the constrained distribution."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,9 @@ def plan_generation(
         sampling_seed=body.seed,
         logit_bias=body.logit_bias,
     )
+    constraint = (output or PLAIN_TEXT).constraint
+    if constraint is not None:  # exactly one of SGLang's four grammar parameters
+        sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.text})
     completion_ids = completion_ids or new_completion_ids(body.choices)
     request = GenerateRequest(
         input_ids=prompt_ids,
@@ -170,6 +178,13 @@ def plan_generation(
         top_k=top_k,
         output=output or PLAIN_TEXT,
     )
+
+
+def recorded_request(plan: GenerationPlan, request_json: dict[str, Any]) -> dict[str, Any]:
+    """The request a completion of `plan` records: marked with its constraint kind when a grammar
+    constrained the sampling (`CONSTRAINT_MARK`)."""
+    constraint = plan.output.constraint
+    return request_json if constraint is None else {**request_json, CONSTRAINT_MARK: constraint.kind}
 
 
 def context_length_error(context_length: int, prompt_tokens: int, prompt_param: str) -> OpenAIError:

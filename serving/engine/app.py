@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.config import ServingConfig
 from serving.engine.generate import ServingState, generate, health_generate
+from serving.engine.grammar import GrammarCache
 from serving.engine.metrics import EngineMetrics
 from serving.engine.protocol import MalformedRequest
 from serving.engine.replies import error_response, field, json_object, json_response
@@ -81,13 +82,16 @@ def _build_state(config: ServingConfig, loaded: LoadedModel, host: str, port: in
         or loaded.tokenizer.model_max_length
     engine = Engine(model, copy.deepcopy(loaded.tokenizer), max_batch_size=cpu.max_batch_size,
                     metrics=EngineMetrics())
+    vocab_size = model.get_input_embeddings().weight.shape[0]
+    eos_token_ids = _eos_token_ids(model, loaded.tokenizer)
+    # Grammars compile in worker threads: they read a tokenizer of their own.
+    grammars = GrammarCache(copy.deepcopy(loaded.tokenizer), vocab_size, eos_token_ids)
     return ServingState(
         engine=engine, tokenizer=loaded.tokenizer, model_path=str(loaded.model_dir),
         tokenizer_path=str(loaded.model_dir), served_model_name=config.served_model_name or loaded.name,
-        context_length=int(context), vocab_size=model.get_input_embeddings().weight.shape[0],
-        eos_token_ids=_eos_token_ids(model, loaded.tokenizer),
+        context_length=int(context), vocab_size=vocab_size, eos_token_ids=eos_token_ids,
         default_max_new_tokens=cpu.default_max_new_tokens, max_batch_size=cpu.max_batch_size,
-        host=host, port=port, worker_index=worker_index, update_lock=asyncio.Lock(),
+        host=host, port=port, worker_index=worker_index, update_lock=asyncio.Lock(), grammars=grammars,
     )
 
 

@@ -18,11 +18,14 @@ from typing import Any
 
 import msgspec
 import torch
+import xgrammar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from serving.engine.grammar import GrammarCache, SequenceGrammar
 from serving.engine.protocol import (
     BadRequest,
+    Constraint,
     ContractError,
     MalformedRequest,
     PlannedSequence,
@@ -65,14 +68,16 @@ class ServingState:
     port: int
     worker_index: int
     update_lock: asyncio.Lock
+    grammars: GrammarCache
 
 
 async def generate(request: Request) -> Response:
     state: ServingState = request.app.state.serving
     try:
         plan = plan_generate(decode_body(await request.body()), vocab_size=state.vocab_size)
+        grammars = await compile_grammars(state.grammars, plan.sequences)
         sink: Sink = asyncio.Queue()
-        pairs = build_sequences(state, plan.sequences, sink, plan.as_list)
+        pairs = build_sequences(state, plan.sequences, sink, plan.as_list, grammars)
     except (MalformedRequest, ContractError, BadRequest) as exc:
         return error_response(exc)
     if not state.engine.running:
@@ -141,9 +146,27 @@ def _abort_unfinished(engine: Engine, sequences: list[Sequence], views: list[Seq
             engine.abort(sequence=seq)
 
 
-def build_sequences(state: ServingState, planned: list[PlannedSequence], sink: Sink, as_list: bool
+async def compile_grammars(cache: GrammarCache, planned: list[PlannedSequence]
+                           ) -> dict[Constraint, xgrammar.CompiledGrammar]:
+    """The compiled grammar of every constraint the sequences carry, compiled off the event loop
+    (BadRequest for one xgrammar refuses)."""
+    compiled: dict[Constraint, xgrammar.CompiledGrammar] = {}
+    for plan in planned:
+        constraint = plan.sampling.constraint
+        if constraint is None or constraint in compiled:
+            continue
+        grammar = cache.cached(constraint)
+        if grammar is None:  # compiling takes far longer than a decode step: not on the event loop
+            grammar = await asyncio.to_thread(cache.compile, constraint)
+        compiled[constraint] = grammar
+    return compiled
+
+
+def build_sequences(state: ServingState, planned: list[PlannedSequence], sink: Sink, as_list: bool,
+                    grammars: dict[Constraint, xgrammar.CompiledGrammar] | None = None,
                     ) -> list[tuple[Sequence, SequenceView]]:
-    """Tokenize, check lengths against the context, and make each sequence and its view."""
+    """Tokenize, check lengths against the context, and make each sequence and its view (with a matcher
+    of its compiled grammar, from `grammars`, when it is constrained)."""
     tokenized: dict[str, list[int]] = {}
     pairs = []
     for index, plan in enumerate(planned):
@@ -155,8 +178,10 @@ def build_sequences(state: ServingState, planned: list[PlannedSequence], sink: S
                 tokenized[plan.text] = list(state.tokenizer(plan.text)["input_ids"])
             prompt_ids = tokenized[plan.text]
         max_new_tokens = _max_new_tokens(state, plan, len(prompt_ids))
+        constraint = plan.sampling.constraint
+        grammar = SequenceGrammar((grammars or {})[constraint]) if constraint is not None else None
         sequence = make_sequence(state, plan, prompt_ids, max_new_tokens,
-                                 state.engine.deliverer(sink, index))
+                                 state.engine.deliverer(sink, index), grammar)
         pairs.append((sequence, SequenceView(plan, prompt_ids, state.tokenizer, as_list)))
     return pairs
 
@@ -181,7 +206,8 @@ def _max_new_tokens(state: ServingState, plan: PlannedSequence, prompt_len: int)
 
 
 def make_sequence(state: ServingState, plan: PlannedSequence, prompt_ids: list[int], max_new_tokens: int,
-                  deliver: Callable[[SequenceUpdate], None]) -> Sequence:
+                  deliver: Callable[[SequenceUpdate], None], grammar: SequenceGrammar | None = None
+                  ) -> Sequence:
     opts = plan.sampling
     stop_ids = frozenset() if opts.ignore_eos else opts.stop_token_ids | state.eos_token_ids
     window = max([len(state.tokenizer.encode(s, add_special_tokens=False)) for s in opts.stop_strs],
@@ -194,7 +220,7 @@ def make_sequence(state: ServingState, plan: PlannedSequence, prompt_ids: list[i
         generator = torch.Generator().manual_seed(seed)
     return Sequence(rid=plan.rid, prompt_ids=list(prompt_ids), options=opts, max_new_tokens=max_new_tokens,
                     stop_token_ids=stop_ids, stop_str_window=window, generator=generator,
-                    top_logprobs_num=plan.top_logprobs_num, deliver=deliver)
+                    top_logprobs_num=plan.top_logprobs_num, deliver=deliver, grammar=grammar)
 
 
 async def health_generate(request: Request) -> Response:

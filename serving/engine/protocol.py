@@ -44,6 +44,18 @@ class BadRequest(Exception):
     """A well-typed request SGLang would still refuse (bad value, too long, unsupported here)."""
 
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
+"""SGLang's constrained-decoding sampling parameters; a request sets at most one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """The grammar one request's output must follow: a `CONSTRAINT_KINDS` name and its text."""
+
+    kind: str
+    text: str
+
+
 # The client's record is the wire schema: one definition of SGLang 0.5.23's sampling_params
 # (unknown keys are a 400). Keys we cannot honour are refused by `validate_sampling` with a reason.
 SamplingParamsWire = SamplingParams
@@ -109,6 +121,7 @@ class SamplingOptions:
     stream_interval: int
     n: int
     sampling_seed: int | None
+    constraint: Constraint | None = None
 
     @property
     def truncates(self) -> bool:
@@ -264,9 +277,7 @@ def _rids(rid: str | list[str] | None, batch: int, n: int, as_list: bool) -> lis
 
 def validate_sampling(wire: SamplingParamsWire, vocab_size: int) -> SamplingOptions:
     """SGLang's SamplingParams.__post_init__ + verify + normalize, with its messages."""
-    for name in ("json_schema", "regex", "ebnf", "structural_tag"):
-        if getattr(wire, name):
-            raise BadRequest(f"`{name}` (constrained decoding) is not supported by the CPU engine.")
+    constraint = _constraint(wire)
     if wire.beam_width not in (None, 1):
         raise BadRequest("`beam_width` (beam search) is not supported by the CPU engine.")
     if wire.choice:
@@ -304,7 +315,16 @@ def validate_sampling(wire: SamplingParamsWire, vocab_size: int) -> SamplingOpti
         stream_interval=max(1, wire.stream_interval or 1),
         n=1 if wire.n is None else wire.n,
         sampling_seed=wire.sampling_seed,
+        constraint=constraint,
     )
+
+
+def _constraint(wire: SamplingParamsWire) -> Constraint | None:
+    """The request's grammar: at most one of SGLang's four (an empty string is unset, as SGLang has it)."""
+    given = [Constraint(kind, text) for kind in CONSTRAINT_KINDS if (text := getattr(wire, kind))]
+    if len(given) > 1:
+        raise BadRequest("Only one of regex, json_schema, ebnf or structural_tag can be set.")
+    return given[0] if given else None
 
 
 def _as_tuple(value: str | list[str] | None) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ The logprob we report is of the sampling distribution at the request's temperatu
 `log_softmax(logits / T)` in fp32 over the whole vocabulary (T = 1 for greedy requests, as SGLang).
 top-k / top-p / min-p only restrict which token is drawn; they do not change the reported logprob.
 Penalties, logit_bias and min_new_tokens change the logits themselves (as SGLang's penalizers do),
-so they are part of the distribution the logprob describes.
+so they are part of the distribution the logprob describes. So does a grammar: the tokens it forbids
+get -inf before the softmax, and the logprob is of the constrained distribution the token was drawn
+from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class RowSampling:
     blocked_ids: tuple[int, ...] = ()
     """Token ids forbidden this step (stop tokens before min_new_tokens)."""
     top_logprobs_num: int = 0
+    token_bitmask: torch.Tensor | None = None
+    """The row's grammar: the tokens allowed next, packed 32 to an int32 (bit j of word j // 32 is token
+    j, xgrammar's layout); None when unconstrained."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +45,23 @@ class StepChoice:
 
 
 def adjust_logits(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
-    """Apply penalties, logit_bias and blocked tokens in place. logits: (B, V) fp32."""
+    """Apply penalties, logit_bias, blocked tokens and grammars in place. logits: (B, V) fp32."""
     for i, row in enumerate(rows):
         opts = row.options
         if opts.penalises:
             _penalise_row(logits[i], row.output_ids, opts)
         if row.blocked_ids:
             logits[i, list(row.blocked_ids)] = float("-inf")
+        if row.token_bitmask is not None:
+            logits[i].masked_fill_(~allowed_tokens(row.token_bitmask, logits.shape[1]), float("-inf"))
     return logits
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A packed bitmask row (W,) int32 as a bool mask (vocab_size,) of the allowed tokens."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # (W, 32), bit j of each word
+    return bits.flatten()[:vocab_size].bool()
 
 
 def _penalise_row(logits: torch.Tensor, output_ids: Sequence[int], opts: SamplingOptions) -> None:
@@ -119,4 +133,6 @@ def _top_logprobs(row: torch.Tensor, n: int) -> list[tuple[float, int]] | None:
     if n <= 0:
         return None
     values, ids = torch.topk(row, min(n, row.shape[0]))
-    return list(zip(values.tolist(), ids.tolist(), strict=True))
+    # Tokens a grammar forbids have no probability: they are not alternatives (nor valid JSON).
+    return [(value, token) for value, token in zip(values.tolist(), ids.tolist(), strict=True)
+            if value != float("-inf")]

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from serving.engine.batch import HEADROOM, PaddedBatch, PaddedKVCache, merge, prefill_inputs, prefilled_batch
+from serving.engine.grammar import token_bitmasks
 from serving.engine.metrics import EngineMetrics
 from serving.engine.sampling import RowSampling, choose_tokens
 from serving.engine.sequence import Sequence, SequenceUpdate
@@ -242,8 +243,9 @@ class Engine:
         return out.logits[:, -1, :]  # (B, V)
 
     def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> list[int]:
+        masks = token_bitmasks([seq.grammar for seq in rows], logits.shape[-1])
         specs = [RowSampling(seq.options, seq.output_ids, seq.generator, seq.blocked_ids,
-                             seq.top_logprobs_num) for seq in rows]
+                             seq.top_logprobs_num, mask) for seq, mask in zip(rows, masks, strict=True)]
         choice = choose_tokens(logits, specs)
         for seq, token, logprob, top in zip(rows, choice.token_ids, choice.logprobs, choice.top_logprobs,
                                             strict=True):

@@ -1,8 +1,8 @@
 """One sequence's state inside the decode thread, its stop rules, and the updates it sends out.
 
 Stop rules follow SGLang 0.5.23's `Req.update_finish_state`: stop strings (and stop_regex) on the
-decoded tail first, then stop token ids and EOS (unless `ignore_eos`), then the length budget. The
-matched token stays in `output_ids`, as SGLang's do; trimming is for the text only.
+decoded tail first, then stop token ids and EOS (unless `ignore_eos`) or a terminated grammar, then the
+length budget. The matched token stays in `output_ids`, as SGLang's do; trimming is for the text only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from serving.engine.grammar import SequenceGrammar
 from serving.engine.protocol import SamplingOptions
 
 
@@ -51,6 +52,8 @@ class Sequence:
     top_logprobs_num: int
     deliver: Callable[[SequenceUpdate], None]
     """Called with each SequenceUpdate, from the decode thread (it hops to the event loop)."""
+    grammar: SequenceGrammar | None = None
+    """The request's constraint, matched over this sequence's output (each of `n` samples has its own)."""
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     version_events: list[tuple[str, int]] = field(default_factory=list)
@@ -64,14 +67,20 @@ class Sequence:
 
     @property
     def blocked_ids(self) -> tuple[int, ...]:
-        """Stop tokens are masked until min_new_tokens are out (SGLang's min_new_tokens penalizer)."""
-        if len(self.output_ids) >= self.options.min_new_tokens or self.options.ignore_eos:
+        """Stop tokens are masked until min_new_tokens are out (SGLang's min_new_tokens penalizer). A grammar
+        overrides it: once complete it allows only a stop token, and blocking that would leave none."""
+        if (len(self.output_ids) >= self.options.min_new_tokens or self.options.ignore_eos
+                or self.grammar is not None):
             return ()
         return tuple(self.stop_token_ids)
 
     def append(self, token_id: int, logprob: float, top: list[tuple[float, int]] | None,
                tokenizer: Any) -> None:
         """Record a sampled token and decide whether the sequence is done."""
+        if self.grammar is not None and not self.grammar.accept(token_id):
+            # Only when a grammar allows no token at all (the draw then ignores the mask).
+            self.abort(f"Token {token_id} does not match the request's grammar.")
+            return
         self.output_ids.append(token_id)
         self._unsent.append((token_id, logprob, top))
         self.finish_reason = self._check_finish(token_id, tokenizer)
@@ -86,7 +95,7 @@ class Sequence:
             for pattern in opts.stop_regex:
                 if re.search(pattern, tail):
                     return {"type": "stop", "matched": pattern}
-        if token_id in self.stop_token_ids:
+        if token_id in self.stop_token_ids or (self.grammar is not None and self.grammar.terminated):
             return {"type": "stop", "matched": token_id}
         if len(self.output_ids) >= self.max_new_tokens:
             return {"type": "length", "length": self.max_new_tokens}

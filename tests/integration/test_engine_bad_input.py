@@ -69,7 +69,8 @@ CASES = [
     ("prompt longer than the context", {"input_ids": [5] * CONTEXT}, value("longer than the model")),
     ("prompt plus output too long", {"input_ids": [5] * 40, "sampling_params": {"max_new_tokens": 30}},
      value("Requested token count exceeds the model's maximum context length of 64")),
-    ("constrained decoding", sampled(regex="a+"), value("not supported")),
+    ("bad grammar", sampled(regex="(("), value("Invalid regex")),
+    ("two grammars", sampled(regex="a+", ebnf='root ::= "a"'), value("Only one of")),
     ("multimodal", {"input_ids": PROMPT, "image_data": "cat.png"}, value("not supported")),
 ]
 

@@ -140,7 +140,7 @@ def test_decode_body_refusals(body, error):
     b'{"input_ids": [1], "sampling_params": {"top_k": 0}}',
     b'{"input_ids": [1], "sampling_params": {"n": 0}}',
     b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}',
-    b'{"input_ids": [1], "sampling_params": {"json_schema": "{}"}}',
+    b'{"input_ids": [1], "sampling_params": {"json_schema": "{}", "regex": "a"}}',
     b'{"input_ids": [1], "sampling_params": {"logit_bias": {"99": 1.0}}}',
     b'{"input_ids": [1], "image_data": "x.png"}',
     b'{"input_ids": [1], "logprob_start_len": 0}',
