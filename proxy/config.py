@@ -170,6 +170,12 @@ class ProxyConfig(BaseModel):
     "The token-exact rule") stay in memory,
     least recently used first out; a session that dropped out is reloaded from the database on its next
     call, so this bounds memory, never correctness."""
+    ephemeral_messages: int = Field(1, ge=0, le=8)
+    """How many trailing messages of a call (user, system or developer ones, after at least one other new
+    message) its agent may leave out of its next call, which then still extends it: ephemeral context
+    such as OpenClaw's internal-context message, re-sent fresh at the end of every request. The next call
+    chains onto the earlier one token-exactly, the dropped message staying in the tokens where the model
+    saw it, never trained on. 0 treats every dropped message as a history edit (a new branch)."""
     conversation_nodes_max: int = Field(DEFAULT_MAX_NODES, ge=1)
     """Completions a session's tree keeps in memory: beyond this the oldest leaves (finished
     conversations' last turns) are forgotten; a call that extends a forgotten turn reloads the tree."""

@@ -97,8 +97,9 @@ class ProxyMetrics:
         )
         self.conversation_turns = Counter(
             "flywheel_proxy_conversation_turns",
-            "Chat calls of sessions by how their prompt was built: chained onto an earlier completion, a "
-            "new root, or a branch (the client changed the session's history)",
+            "Chat calls of sessions by how their prompt was built: chained onto an earlier completion, "
+            "chained onto one leaving out its trailing ephemeral context (ephemeral), a new root, or a "
+            "branch (the client changed the session's history)",
             ["kind"], registry=self.registry,
         )
         self.conversation_drift = Counter(

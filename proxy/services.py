@@ -179,7 +179,8 @@ async def build_services(
     balancer = Balancer(clients, metrics, proxy.worker_failure_cooldown_s, routing_policy(proxy),
                         tokenizer.decode)
     conversations = ConversationIndex(
-        session_factory, proxy.conversation_sessions_max, proxy.conversation_nodes_max
+        session_factory, proxy.conversation_sessions_max, proxy.conversation_nodes_max,
+        proxy.ephemeral_messages,
     )
     background = Background()
     database = DatabaseCircuit(engine, metrics, proxy.database_retry_after_s, proxy.database_probe_interval_s)

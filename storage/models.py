@@ -196,6 +196,9 @@ class Completion(Base):
     orphan_of: Mapped[str | None] = mapped_column(String(64))
     """A retry orphan: a call the client retried, whose conversation continued from this completion
     instead (same parent, same new messages); NULL: not an orphan."""
+    dropped_messages: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Trailing messages of the parent's request this call left out and still extended it (ephemeral
+    context the agent re-sends fresh each time: docs/architecture.md, "The token-exact rule")."""
     request_json: Mapped[dict[str, Any]]
     response_json: Mapped[dict[str, Any]]
     created_at: Mapped[Created]

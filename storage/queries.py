@@ -222,6 +222,7 @@ def _completion_row(record: CompletionRecord) -> dict[str, Any]:
         "top_k": record.top_k,
         "branched": record.branched,
         "orphan_of": record.orphan_of,
+        "dropped_messages": record.dropped_messages,
         "request_json": record.request_json,
         "response_json": record.response_json,
     }
@@ -380,6 +381,7 @@ def completion_record(c: Completion) -> CompletionRecord:
         top_k=c.top_k,
         branched=c.branched,
         orphan_of=c.orphan_of,
+        dropped_messages=c.dropped_messages,
         request_json=c.request_json,
         response_json=c.response_json,
     )

@@ -63,6 +63,7 @@ class CompletionRecord:
     response_json: dict[str, Any]
     branched: bool = False  # the client changed history, so this starts a new branch
     orphan_of: str | None = None  # a retry orphan: the completion its conversation continued from instead
+    dropped_messages: int = 0  # trailing messages of the parent's request this call left out (ephemeral)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -27,11 +27,12 @@ class ConversationIndex:
 
     def __init__(
         self, session_factory: SessionFactory, max_sessions: int = DEFAULT_MAX_SESSIONS,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        max_nodes: int = DEFAULT_MAX_NODES, ephemeral_max: int = 1,
     ) -> None:
         self._session_factory = session_factory
         self._max_sessions = max_sessions
         self._max_nodes = max_nodes
+        self._ephemeral_max = ephemeral_max
         self._trees: OrderedDict[str, SessionTree] = OrderedDict()
         self._answered: dict[MessageKey, set[str]] = {}
         self._chained = 0
@@ -54,7 +55,7 @@ class ConversationIndex:
             self._trees.move_to_end(session_id)
             return tree, False
         records = [] if new else chainable(await load_session_completions(self._session_factory, session_id))
-        tree = SessionTree(max_nodes=self._max_nodes)
+        tree = SessionTree(max_nodes=self._max_nodes, ephemeral_max=self._ephemeral_max)
         if not tree.add_all(records):
             logger.warning("session %s: some completions have parents outside it; not matched", session_id)
         self._forget(session_id)  # the tree it replaces, if any (a reload, or a load that raced it)

@@ -85,9 +85,9 @@ async def _depths(
     depths = {}
     for session_id in session_ids:
         tree, _loaded = await index.tree(session_id)
-        node = tree.deepest_prefix(tools_id, keys)
-        if node is not None:
-            depths[session_id] = len(node.path)
+        match = tree.deepest_prefix(tools_id, keys)
+        if match is not None:
+            depths[session_id] = match.length
     return depths
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.conversations.index import ConversationIndex
 from proxy.conversations.text import ConversationKeys, SuffixError, render_suffix
+from proxy.conversations.tree import Match
 from proxy.metrics import ProxyMetrics
 from proxy.tokenize import ChatTokenizer, template_chars
 from rewards.message_keys import MessageKey, message_key, tools_key
@@ -36,6 +37,8 @@ class ConversationPrompt:
     """Index of the first message not already in the parent's history."""
     branched: bool = False
     """The client changed its session's history, so this call starts a new branch."""
+    dropped: int = 0
+    """Trailing messages of the parent's request this call left out (ephemeral context)."""
     keys: ConversationKeys | None = None
     """Keys of messages[new_from:] and the tools, for the record's indexing (None: parsed from it)."""
 
@@ -84,40 +87,52 @@ class Prompter:
         else:
             keys, tools_id = _keys(messages, tools)
         tree, loaded = await self.index.tree(session_id, new=new)
-        parent = tree.deepest_prefix(tools_id, keys)
+        match = tree.deepest_prefix(tools_id, keys)
         # New messages holding an assistant turn the tree never answered: maybe another proxy recorded it.
-        if not loaded and tree.may_be_stale_for(keys[len(parent.path) if parent else 0:]):
+        if not loaded and tree.may_be_stale_for(keys[match.length if match else 0:]):
             tree, loaded = await self.index.tree(session_id, reload=True)
-            parent = tree.deepest_prefix(tools_id, keys)
+            match = tree.deepest_prefix(tools_id, keys)
         if loaded:
-            tree.note_foreign(keys[len(parent.path) if parent else 0:])
-        if parent is not None:
-            new_messages = list(messages[len(parent.path):])
-            output_ids = list(parent.output_ids)
-            try:
-                if in_thread or template_chars(new_messages, tools) > self._thread_chars:
-                    suffix = await asyncio.to_thread(render_suffix, self.tokenizer, output_ids, new_messages,
-                                                     tools)
-                else:
-                    suffix = render_suffix(self.tokenizer, output_ids, new_messages, tools)
-            except SuffixError as exc:
-                logger.warning("session %s: cannot chain onto %s (%s); rendering afresh",
-                               session_id, parent.id, exc)
-            else:
-                prefix = parent.full_ids()
-                prompt = [*prefix, *suffix]
-                if self.index.drift_check_due(self._drift_check_every):
-                    self._spawn(self._check_drift(session_id, list(messages), tools, prompt),
-                                f"drift-check-{session_id}")
-                self._metrics.conversation_turns.labels("chained").inc()
-                return ConversationPrompt(prompt, parent.id, len(prefix), len(parent.path), False,
-                                          (tuple(keys[len(parent.path):]), tools_id))
+            tree.note_foreign(keys[match.length if match else 0:])
+        if match is not None:
+            chained = await self._chain(session_id, match, messages, tools, in_thread)
+            if chained is not None:
+                return ConversationPrompt(chained[0], match.node.id, chained[1], match.length,
+                                          keys=(tuple(keys[match.length:]), tools_id), dropped=match.dropped)
         prompt = await self._render(messages, tools, in_thread)
-        branched = parent is None and tree.is_branch(tools_id, keys)
+        branched = match is None and tree.is_branch(tools_id, keys)
         self._metrics.conversation_turns.labels("branched" if branched else "root").inc()
         if branched:
             logger.info("session %s: history changed; a new branch starts", session_id)
         return ConversationPrompt(prompt, branched=branched, keys=(tuple(keys), tools_id))
+
+    async def _chain(
+        self, session_id: str, match: Match, messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None, in_thread: bool,
+    ) -> tuple[list[int], int] | None:
+        """The chained prompt (`match.node`'s whole sequence, then the suffix of the new messages) and the
+        length of its prefix; None if the template cannot render the suffix as a continuation."""
+        parent = match.node
+        new_messages = list(messages[match.length:])
+        output_ids = list(parent.output_ids)
+        try:
+            if in_thread or template_chars(new_messages, tools) > self._thread_chars:
+                suffix = await asyncio.to_thread(render_suffix, self.tokenizer, output_ids, new_messages,
+                                                 tools)
+            else:
+                suffix = render_suffix(self.tokenizer, output_ids, new_messages, tools)
+        except SuffixError as exc:
+            logger.warning("session %s: cannot chain onto %s (%s); rendering afresh", session_id, parent.id,
+                           exc)
+            return None
+        prefix = parent.full_ids()
+        prompt = [*prefix, *suffix]
+        # A call that left out ephemeral context differs from a fresh render by design: nothing to check.
+        if not match.dropped and self.index.drift_check_due(self._drift_check_every):
+            self._spawn(self._check_drift(session_id, list(messages), tools, prompt),
+                        f"drift-check-{session_id}")
+        self._metrics.conversation_turns.labels("ephemeral" if match.dropped else "chained").inc()
+        return prompt, len(prefix)
 
     async def _check_drift(
         self, session_id: str, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,

@@ -5,6 +5,18 @@ earlier completion they extend (token-exact multi-turn: docs/architecture.md, "T
 A node is learned from its record alone: a child's request holds only its new messages, and its path is
 its parent's path plus those messages plus the assistant message the proxy answered. A record whose
 request is not a chat request (a Responses API call) carries a `chat_view` of itself instead.
+
+**Ephemeral context.** Some agents append a temporary message at the end of every request (OpenClaw's
+internal-context user message; others inject the time or environment state the same way) and leave it
+out of their next request, which instead goes on from the answer. Such a call extends its parent *as
+the agent sees its history*: the parent's messages without its trailing ephemeral ones, then its answer.
+Each node is indexed by its full path and, for up to `ephemeral_max` trailing messages that may be
+ephemeral (user, system or developer messages among its own new ones, leaving at least one of those),
+by its path without them. A call matched that way records how many it dropped (`dropped_messages`), so
+its own path, rebuilt from records alone, leaves them out too. Its prompt still chains onto the parent's
+tokens, where the dropped message stays as the model saw it (docs/architecture.md, "The token-exact
+rule"). A tool result, an assistant turn or the only new message of a turn is never treated as
+ephemeral: an agent that rewrites those still starts a branch.
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ RecordKeys = tuple[list[MessageKey], str | None, MessageKey]
 """(new message keys, tools key, answer key) of a recorded completion."""
 
 _EVICT_SCAN = 64  # oldest nodes looked at per eviction (a long chain has no leaf among them)
+EPHEMERAL_ROLES = frozenset({"user", "system", "developer"})
+"""Roles of the messages an agent may append to one request and leave out of the next."""
 
 
 @dataclass(eq=False, slots=True)
@@ -42,6 +56,8 @@ class ConversationNode:
     output_ids: np.ndarray
     path_hash: int = 0
     children: int = 0  # nodes in memory that extend this one
+    own: int = 0  # how many of `path`'s messages (before the answer) this completion's call added
+    shortened: tuple[int, ...] = ()  # hashes of its path without 1, 2, … trailing ephemeral messages
 
     def full_ids(self) -> list[int]:
         """The whole sequence of this completion: every prompt suffix and output from the root."""
@@ -52,6 +68,23 @@ class ConversationNode:
             node = node.parent
         return [int(t) for t in np.concatenate(parts[::-1])] if parts else []
 
+    def history(self, dropped: int) -> tuple[MessageKey, ...]:
+        """The conversation an agent that left out this completion's last `dropped` messages sees: the
+        path without them, ending with the answer."""
+        if not dropped:
+            return self.path
+        return (*self.path[: len(self.path) - 1 - dropped], self.path[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The completion a call's messages extend: its first `length` messages are `node`'s history
+    without `node`'s last `dropped` messages (ephemeral context the call left out)."""
+
+    node: ConversationNode
+    length: int
+    dropped: int = 0
+
 
 @dataclass(eq=False)
 class SessionTree:
@@ -60,6 +93,10 @@ class SessionTree:
     max_nodes: int = DEFAULT_MAX_NODES
     nodes: dict[str, ConversationNode] = field(default_factory=dict)
     by_hash: dict[int, list[ConversationNode]] = field(default_factory=dict)
+    ephemeral_max: int = 1
+    """Trailing messages of a completion's request a later call may leave out and still extend it."""
+    by_shortened: dict[int, list[tuple[ConversationNode, int]]] = field(default_factory=dict)
+    """Nodes by the hash of their path without 1, 2, … trailing ephemeral messages (with that count)."""
     openings: set[MessageKey] = field(default_factory=set)
     """The first message of every conversation in the session."""
     answers: set[MessageKey] = field(default_factory=set)
@@ -85,11 +122,12 @@ class SessionTree:
         parent = self.nodes.get(record.parent_id) if record.parent_id is not None else None
         if record.parent_id is not None and parent is None:
             return False
-        path = (*(parent.path if parent is not None else ()), *new_keys, answer)
+        history = parent.history(record.dropped_messages) if parent is not None else ()
+        path = (*history, *new_keys, answer)
         node = ConversationNode(
             id=record.id, parent=parent, path=path, tools=tools,
             prompt_ids=np.asarray(record.prompt_ids, dtype=np.int32),
-            output_ids=np.asarray(record.output_ids, dtype=np.int32),
+            output_ids=np.asarray(record.output_ids, dtype=np.int32), own=len(new_keys),
         )
         self.nodes[node.id] = node
         self.openings.add(path[0])
@@ -102,11 +140,22 @@ class SessionTree:
         self.by_hash.setdefault(node.path_hash, []).append(node)
         if len(hashes) > 1:
             self.asked.add(hashes[-2])
+        self._index_shortened(node)
         if parent is not None:
             parent.children += 1
         if len(self.nodes) > self.max_nodes:
             self._evict()
         return True
+
+    def _index_shortened(self, node: ConversationNode) -> None:
+        """Index `node` by its path without each possible run of trailing ephemeral messages."""
+        shortened = []
+        for dropped in range(1, min(self.ephemeral_max, node.own - 1) + 1):
+            if node.path[-1 - dropped][0] not in EPHEMERAL_ROLES:
+                break
+            shortened.append(prefix_hashes(node.tools, node.history(dropped))[-1])
+            self.by_shortened.setdefault(shortened[-1], []).append((node, dropped))
+        node.shortened = tuple(shortened)
 
     def _evict(self) -> None:
         """Forget the oldest leaves beyond `max_nodes` (a finished conversation's last turn first). A
@@ -118,6 +167,11 @@ class SessionTree:
             same.remove(node)
             if not same:
                 del self.by_hash[node.path_hash]
+            for dropped, path_hash in enumerate(node.shortened, start=1):
+                entries = self.by_shortened[path_hash]
+                entries.remove((node, dropped))
+                if not entries:
+                    del self.by_shortened[path_hash]
             if node.parent is not None:
                 node.parent.children -= 1
 
@@ -151,14 +205,20 @@ class SessionTree:
             return False
         return prefix_hashes(tools, keys)[-1] not in self.asked
 
-    def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> ConversationNode | None:
+    def deepest_prefix(self, tools: str | None, keys: Sequence[MessageKey]) -> Match | None:
         """The deepest completion whose messages plus its answer are a prefix of `keys`, leaving at least
-        one new message; the latest such completion when several (a retried turn) tie."""
+        one new message; the latest such completion when several (a retried turn) tie. A completion
+        matched only without its trailing ephemeral messages counts at the length matched, and loses a
+        tie to one matched whole."""
         hashes = prefix_hashes(tools, keys)
         for length in range(len(keys) - 1, 0, -1):
+            prefix = tuple(keys[:length])
             for node in reversed(self.by_hash.get(hashes[length - 1], ())):
-                if node.tools == tools and node.path == tuple(keys[:length]):
-                    return node
+                if node.tools == tools and node.path == prefix:
+                    return Match(node, length)
+            for node, dropped in reversed(self.by_shortened.get(hashes[length - 1], ())):
+                if node.tools == tools and node.history(dropped) == prefix:
+                    return Match(node, length, dropped)
         return None
 
 

@@ -36,6 +36,7 @@ def completion_records(
             request_json=recorded_request(plan, request_json),
             response_json=_own_choice(response_json, first_index + result.index),
             branched=conversation.branched,
+            dropped_messages=conversation.dropped,
         )
         for result in results
     ]

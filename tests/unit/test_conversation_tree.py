@@ -22,7 +22,7 @@ _ids = itertools.count()
 def record(
     messages: list[dict[str, Any]], answer: dict[str, Any], parent: str | None = None,
     tools: list[dict[str, Any]] | None = None, prompt: list[int] | None = None,
-    output: list[int] | None = None,
+    output: list[int] | None = None, dropped: int = 0,
 ) -> CompletionRecord:
     output = output or [7, 8]
     request: dict[str, Any] = {"messages": messages}
@@ -32,7 +32,7 @@ def record(
         id=f"chatcmpl-{next(_ids)}", session_id="s", parent_id=parent, prompt_ids=prompt or [1, 2],
         output_ids=output, output_logprobs=[0.0] * len(output), output_versions=[0] * len(output),
         finish_reason="stop", temperature=1.0, top_p=1.0, top_k=-1, request_json=request,
-        response_json={"choices": [{"index": 0, "message": answer}]},
+        response_json={"choices": [{"index": 0, "message": answer}]}, dropped_messages=dropped,
     )
 
 
@@ -48,10 +48,10 @@ def test_the_deepest_extended_completion_is_chosen_and_rebuilt_from_suffixes() -
 
     follow_up = [USER, {**CALL, "tool_calls": [call("f", {"x": 1}, "client-id")]}, RESULT, FINAL,
                  {"role": "user", "content": "thanks"}]
-    node = tree.deepest_prefix(None, keys(follow_up))
-    assert node is not None and node.id == second.id
-    assert node.full_ids() == [1, 2, 3, 4, 5, 6]
-    assert tree.deepest_prefix(None, keys(follow_up[:3])).id == first.id  # type: ignore[union-attr]
+    match = tree.deepest_prefix(None, keys(follow_up))
+    assert match is not None and match.node.id == second.id and (match.length, match.dropped) == (4, 0)
+    assert match.node.full_ids() == [1, 2, 3, 4, 5, 6]
+    assert tree.deepest_prefix(None, keys(follow_up[:3])).node.id == first.id  # type: ignore[union-attr]
     assert tree.deepest_prefix(None, keys([USER])) is None  # nothing new after a completion: no parent
     assert tree.deepest_prefix(None, keys(follow_up[:2])) is None  # answer without a new message
     edited = [{"role": "user", "content": "hello"}, *follow_up[1:]]
@@ -97,7 +97,7 @@ def test_a_busy_session_forgets_its_oldest_finished_turns() -> None:
 
     assert list(tree.nodes) == [first.id, others[0].id, others[1].id]  # the oldest leaf went first
     assert tree.nodes[first.id].children == 0  # its child is gone: it is a leaf now
-    assert tree.deepest_prefix(None, keys([USER, CALL, RESULT, FINAL, SUMMARY])).id == first.id  # type: ignore[union-attr]
+    assert tree.deepest_prefix(None, keys([USER, CALL, RESULT, FINAL, SUMMARY])).node.id == first.id  # type: ignore[union-attr]
     assert not tree.add(record([SUMMARY], FINAL, parent=second.id))  # a child of a forgotten node
 
 
@@ -126,3 +126,66 @@ def test_keys_handed_over_equal_the_keys_parsed_from_the_record() -> None:
     assert parsed.add(record) and handed.add(record, keys)
     assert parsed.nodes["chatcmpl-1"].path == handed.nodes["chatcmpl-1"].path
     assert parsed.nodes["chatcmpl-1"].path_hash == handed.nodes["chatcmpl-1"].path_hash
+
+
+SYSTEM = {"role": "system", "content": "You are an agent."}
+TASK = {"role": "user", "content": "Read hello.txt"}
+
+
+def context(turn: int) -> dict[str, Any]:
+    """An agent's ephemeral context message: appended to every request, left out of the next."""
+    return {"role": "user", "content": f"<<<CONTEXT>>> turn {turn}: active sessions none <<<END>>>"}
+
+
+def test_a_call_that_drops_its_parents_trailing_context_still_extends_it() -> None:
+    tree = SessionTree()
+    first = record([SYSTEM, TASK, context(1)], CALL)
+    assert tree.add(first)
+
+    second_call = [SYSTEM, TASK, CALL, RESULT, context(2)]
+    match = tree.deepest_prefix(None, keys(second_call))
+    assert match is not None and match.node.id == first.id and (match.length, match.dropped) == (3, 1)
+    # Recorded with what it dropped, the second turn's own path leaves the context out too, so a third
+    # call (which dropped both contexts) extends it, as does a tree rebuilt from the records alone.
+    second = record(second_call[match.length:], FINAL, parent=first.id, dropped=match.dropped)
+    third_call = [SYSTEM, TASK, CALL, RESULT, FINAL, {"role": "user", "content": "thanks"}, context(3)]
+    for rebuilt in (tree, SessionTree()):
+        assert rebuilt.add_all([first, second])
+        found = rebuilt.deepest_prefix(None, keys(third_call))
+        assert found is not None and found.node.id == second.id and (found.length, found.dropped) == (5, 1)
+
+
+def test_a_call_matching_whole_wins_and_ephemeral_matching_can_be_turned_off() -> None:
+    tree = SessionTree()
+    first = record([SYSTEM, TASK, context(1)], CALL)
+    tree.add(first)
+    kept = [SYSTEM, TASK, context(1), CALL, RESULT]  # an agent that keeps the message: an ordinary chain
+    assert tree.deepest_prefix(None, keys(kept)).dropped == 0  # type: ignore[union-attr]
+    strict = SessionTree(ephemeral_max=0)
+    strict.add(first)
+    dropped = [SYSTEM, TASK, CALL, RESULT]
+    assert strict.deepest_prefix(None, keys(dropped)) is None
+    assert strict.is_branch(None, keys(dropped))
+
+
+def test_only_trailing_context_after_a_real_message_may_be_dropped() -> None:
+    tree = SessionTree(ephemeral_max=2)
+    alone = record([{"role": "user", "content": "q"}], CALL)  # its only message is the question itself
+    tool_last = record([TASK, CALL, RESULT], FINAL)  # a tool result is never ephemeral
+    tree.add_all([alone, tool_last])
+    assert tree.deepest_prefix(None, keys([CALL, RESULT])) is None
+    assert tree.deepest_prefix(None, keys([TASK, CALL, FINAL, SUMMARY])) is None
+    # Rewritten history, as smolagents sends its tool calls back as text, is still no match: a branch.
+    two = record([SYSTEM, TASK, context(1), context(2)], CALL)
+    tree.add(two)
+    assert tree.deepest_prefix(None, keys([SYSTEM, TASK, CALL, RESULT])).dropped == 2  # type: ignore[union-attr]
+    as_text = [SYSTEM, TASK, {"role": "assistant", "content": "Calling tools: f(x=1)"},
+               {"role": "user", "content": "Observation: 42"}]
+    assert tree.deepest_prefix(None, keys(as_text)) is None and tree.is_branch(None, keys(as_text))
+
+
+def test_forgotten_nodes_leave_no_shortened_entries() -> None:
+    tree = SessionTree(max_nodes=1)
+    tree.add(record([SYSTEM, TASK, context(1)], CALL))
+    tree.add(record([{"role": "user", "content": "other"}], FINAL))
+    assert len(tree.nodes) == 1 and not tree.by_shortened
