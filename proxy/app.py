@@ -1,6 +1,7 @@
-"""The proxy's FastAPI app: the OpenAI surface (proxy/openai/), the RL control API (proxy/rl/), /metrics
-and /health, OpenAI-shaped errors and an `x-request-id` on every answer. Its state is built once, in its
-lifespan (proxy/services.py)."""
+"""The proxy's FastAPI app: the OpenAI surface (proxy/openai/), Anthropic's Messages API (proxy/anthropic/),
+the RL control API (proxy/rl/), /metrics and /health, OpenAI-shaped errors (Anthropic-shaped on the
+Messages API's routes) and an `x-request-id` on every answer. Its state is built once, in its lifespan
+(proxy/services.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.anthropic.routes import build_anthropic_router
+from proxy.anthropic.routes import hot_routes as anthropic_hot_routes
 from proxy.config import ProxyConfig
 from proxy.errors import install_error_handlers
 from proxy.hot_routes import HotRoute, ProxyApp
@@ -47,9 +50,10 @@ def create_proxy_app(
     )
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, log_requests=proxy.log_requests)
-    for path, endpoint in hot_routes().items():
+    for path, endpoint in {**hot_routes(), **anthropic_hot_routes()}.items():
         app.add_hot_route(path, RequestContextMiddleware(HotRoute(path, endpoint), proxy.log_requests))
     app.include_router(build_openai_router())
+    app.include_router(build_anthropic_router())
     app.include_router(build_probe_router())
     app.include_router(build_rl_router())
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)

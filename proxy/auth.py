@@ -1,5 +1,5 @@
-"""Bearer-key auth: keys are stored only as keyed hashes (storage/keys.py) with a scope (admin, online,
-or one session).
+"""API-key auth (`Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients send it): keys
+are stored only as keyed hashes (storage/keys.py) with a scope (admin, online, or one session).
 
 FastAPI dependencies:
 - `require_principal`: OpenAI routes. The key must exist, be unrevoked and, for a session key, belong
@@ -145,13 +145,18 @@ async def lookup_key(session_factory: SessionFactory, hasher: KeyHasher, key: st
 
 
 def bearer_key(request: Request) -> str:
-    """The key of `Authorization: Bearer <key>`; 401 if the header is missing or malformed."""
+    """The key of `Authorization: Bearer <key>`, else of `x-api-key: <key>` (how Anthropic's clients send
+    it); 401 if neither is there or the Authorization header is malformed."""
     header = request.headers.get("authorization", "")
+    if not header:
+        api_key = request.headers.get("x-api-key", "").strip()
+        if api_key:
+            return api_key
     scheme, _, key = header.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise _unauthorized(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
             if not header
             else "Malformed Authorization header: expected 'Bearer <key>'."
         )

@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: `OpenAIError` for our own refusals, and the app's exception handlers that render
 every failure (ours, FastAPI's validation, Starlette's HTTP errors, unexpected bugs) as
-`{"error": {"message", "type", "param", "code"}}` with the status the `openai` client maps."""
+`{"error": {"message", "type", "param", "code"}}` with the status the `openai` client maps. The Messages
+API's routes answer the same failures in Anthropic's shape instead (`anthropic_error_answer`)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,18 @@ _TYPE_BY_STATUS: dict[int, ErrorType] = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+}
+
+
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -140,6 +153,23 @@ async def error_answer(request: Request, exc: Exception) -> Response:
     if isinstance(exc, StarletteHTTPException):
         return await _http_error(request, exc)
     return await _unexpected_error(request, exc)
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """The JSON object Anthropic answers (and streams as an `error` event) for an error."""
+    kind = _ANTHROPIC_TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+async def anthropic_error_answer(request: Request, exc: Exception) -> Response:
+    """`error_answer` in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`: the same
+    message, status (a 422 is a 400, as Anthropic words every invalid request) and headers."""
+    answer = await error_answer(request, exc)
+    message = str(msgspec.json.decode(answer.body)["error"]["message"])
+    status = 400 if answer.status_code == 422 else answer.status_code
+    headers = {name: value for name, value in answer.headers.items()
+               if name not in ("content-length", "content-type")}
+    return error_response(status, anthropic_error_body(status, message), request, headers)
 
 
 async def _openai_error(request: Request, exc: Exception) -> Response:
