@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from flywheel.config import ONLINE_OVERRIDES, ConfigError, FlywheelConfig, load_config
+from flywheel.openclaw_cli import add_openclaw_parser, run_openclaw
 from rewards.hooks.adapters import HookConfigError
 from storage.config import StorageSetupError
 
@@ -84,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
                     help="purge-json: the retention (default: proxy.privacy.raw_json_retention_s)")
     command("config", "print the resolved config as YAML")
-    for sub in [*commands.choices.values(), *key_actions.choices.values()]:
-        if sub is not keys:  # `keys ACTION`: the overrides follow the action
+    openclaw = command("openclaw", "OpenClaw: point its config at this proxy")
+    openclaw_actions = add_openclaw_parser(openclaw)
+    for sub in [*commands.choices.values(), *key_actions.choices.values(), *openclaw_actions]:
+        if sub not in (keys, openclaw):  # `keys ACTION`: the overrides follow the action
             sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser
 
@@ -309,6 +312,12 @@ def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_openclaw(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    if args.online:
+        _check_storage(config)  # the new key goes into the database
+    return run_openclaw(config, args)
+
+
 def _print_config(config: FlywheelConfig, args: argparse.Namespace) -> int:
     import yaml
 
@@ -332,6 +341,7 @@ _HANDLERS = {
     "demo": _run_demo,
     "db": _run_db,
     "config": _print_config,
+    "openclaw": _run_openclaw,
 }
 
 
