@@ -79,6 +79,11 @@ class DemoConfig(BaseModel):
     """A GSM8K-format JSONL file, with source = jsonl."""
     difficulty: int = Field(1, ge=1)
     """Generated problems: 1 is mostly one step with small numbers."""
+    hardware: Literal["auto", "cpu", "gpu"] = "auto"
+    """Which flagship run: "gpu" is AReaL's GSM8K quickstart on SGLang (Qwen2.5-1.5B-Instruct, G = 4,
+    1024 new tokens, lr 1.7e-5, eps_clip 0.4, η = 2: flywheel/demo.py `GPU_RUN`), so the two can be
+    compared; "cpu" is SmolLM2-135M on the CPU engine; "auto" picks "gpu" when CUDA and sglang are both
+    there. Either way, a value the user sets wins."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of training attempts. Measured with SmolLM2-135M: at 0.7 (with lr 3e-5
     and G = 4) the policy collapsed to short, identical answers within 20 steps; 1.0 with G = 8 keeps

@@ -95,6 +95,21 @@ def load_splits(args: argparse.Namespace) -> tuple[list[Problem], list[Problem]]
     return train, held_out
 
 
+def data_settings(
+    args: argparse.Namespace, train: Sequence[Problem], held_out: Sequence[Problem]
+) -> dict[str, Any]:
+    """The report's record of the data: the source each split really came from ("auto" resolved), the
+    files read, and the counts."""
+    source = train[0].meta.get("source", args.source) if train else args.source
+    eval_source = held_out[0].meta.get("source", source) if held_out else source
+    return {
+        "source": source, "jsonl": str(args.jsonl) if source == "jsonl" else None,
+        "eval_source": eval_source, "eval_jsonl": str(args.eval_jsonl) if args.eval_jsonl else None,
+        "train_problems": len(train), "eval_problems": len(held_out), "seed": args.seed,
+        "difficulty": args.difficulty,
+    }
+
+
 class ProgressBar:
     """A tqdm bar over every attempt, showing the phase and the current round's running mean reward."""
 
@@ -129,7 +144,7 @@ class ProgressBar:
 
 def summary(report: AgentReport, path: str) -> str:
     before, after = report.eval_before, report.eval_after
-    lines = [f"report: {path}"]
+    lines = [f"report: {path}", f"problems: {data_source(report.settings)}"]
     if before is not None and after is not None:
         lines.append(f"held-out accuracy: {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
                      f"({before['correct']}/{before['total']} -> {after['correct']}/{after['total']})")
@@ -141,6 +156,20 @@ def summary(report: AgentReport, path: str) -> str:
                  f"{counts['eval_sessions']} eval; "
                  f"{report.wall_s:.1f} s")
     return "\n".join(lines)
+
+
+def data_source(settings: dict[str, Any]) -> str:
+    """Where the run's problems came from, as the report says it: GSM8K from the Hub, which JSONL file,
+    or the offline generator (the fallback when neither was given or reachable)."""
+    names = {"gsm8k": "GSM8K (Hugging Face Hub)", "jsonl": "GSM8K-format JSONL", "generated": "generated "
+             "GSM8K-style problems (offline fallback)"}
+    text = names.get(settings.get("source", ""), str(settings.get("source")))
+    if settings.get("jsonl"):
+        text += f" {settings['jsonl']}"
+    if settings.get("eval_source") not in (None, settings.get("source")) or settings.get("eval_jsonl"):
+        held_out = names.get(settings["eval_source"], settings["eval_source"])
+        text += f"; held-out: {held_out} {settings.get('eval_jsonl') or ''}".rstrip()
+    return f"{text} ({settings.get('train_problems')} train, {settings.get('eval_problems')} held-out)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,9 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = run_agent_loop(
                 args.base_url, args.api_key, train, held_out, loop, agent, wait_for_version=waiter,
                 on_attempt=bar.attempt, on_round=bar.round_done,
-                report_settings={"source": train[0].meta.get("source", args.source) if train else args.source,
-                                 "train_problems": len(train), "eval_problems": len(held_out),
-                                 "seed": args.seed, "difficulty": args.difficulty},
+                report_settings=data_settings(args, train, held_out),
             )
         finally:
             bar.close()
