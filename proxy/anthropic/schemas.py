@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from proxy.openai.schemas import INT32_MAX, CallBody, CallSize, TokenCount
+from proxy.openai.schemas import INT32_MAX, CallBody, CallSize, TokenCount, json_text_chars
 
 
 class ToolChoice(BaseModel):
@@ -48,7 +48,7 @@ class MessagesInput(CallBody):
 
     def call_size(self) -> CallSize:
         """The prompt's text is every string of its messages and system prompt (types and ids are short)."""
-        chars = sum(_text_chars(message.content) for message in self.messages) + _text_chars(self.system)
+        chars = json_text_chars([message.content for message in self.messages]) + json_text_chars(self.system)
         return CallSize(chars, "messages")
 
 
@@ -86,13 +86,3 @@ class MessagesRequest(MessagesInput):
 class CountTokensRequest(MessagesInput):
     """Anthropic's `POST /v1/messages/count_tokens` body: a request without its sampling fields."""
 
-
-def _text_chars(value: Any) -> int:
-    """Characters of every string in decoded JSON (nested no deeper than `proxy.limits.max_json_depth`)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_text_chars(item) for item in value.values())
-    if isinstance(value, list):
-        return sum(_text_chars(item) for item in value)
-    return 0

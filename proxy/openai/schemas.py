@@ -53,6 +53,18 @@ class CallSize:
     top_logprobs_param: str = "top_logprobs"
 
 
+def json_text_chars(value: Any) -> int:
+    """Characters of every string in decoded JSON (nested no deeper than `proxy.limits.max_json_depth`):
+    the prompt size of a body whose text lies in nested items or blocks."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(json_text_chars(item) for item in value.values())
+    if isinstance(value, list):
+        return sum(json_text_chars(item) for item in value)
+    return 0
+
+
 class CallBody(_Lenient):
     """A request body of the call pipeline (proxy/openai/pipeline.py)."""
 

@@ -28,7 +28,14 @@ from proxy.openai.responses.tools import (
     flat_name,
     shell_arguments,
 )
-from proxy.openai.schemas import INT32_MAX, CallBody, CallSize, ChatCompletionRequest, TokenCount
+from proxy.openai.schemas import (
+    INT32_MAX,
+    CallBody,
+    CallSize,
+    ChatCompletionRequest,
+    TokenCount,
+    json_text_chars,
+)
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -82,19 +89,9 @@ class ResponsesRequest(CallBody):
     def call_size(self) -> CallSize:
         """The input's text is every string in its items (ids and types are short); the instructions
         are the prompt's too."""
-        chars = _text_chars(self.input) + len(self.instructions or "")
+        chars = json_text_chars(self.input) + len(self.instructions or "")
         return CallSize(chars, "input", top_logprobs=self.top_logprobs or 0)
 
-
-def _text_chars(value: Any) -> int:
-    """Characters of every string in decoded JSON (nested no deeper than `proxy.limits.max_json_depth`)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_text_chars(item) for item in value.values())
-    if isinstance(value, list):
-        return sum(_text_chars(item) for item in value)
-    return 0
 
 
 def chat_request(
