@@ -17,6 +17,8 @@ from tests.support.proxy_harness import Proxy
 from tests.support.scripted_worker import ScriptedWorker
 
 HELLO = [{"role": "user", "content": "Hello there."}]
+# Wire behaviour, not storage: SQLite only (test_anthropic_multiturn.py writes trajectories on both).
+pytestmark = pytest.mark.parametrize("empty_db_url", ["sqlite"], indirect=True)
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
 
 

@@ -33,6 +33,8 @@ from tests.support.scripted_worker import ScriptedWorker
 from tests.support.text_script import TextScript
 
 HELLO = [{"role": "user", "content": "Hello there."}]
+# Wire behaviour, not storage: SQLite only (test_anthropic_multiturn.py writes trajectories on both).
+pytestmark = pytest.mark.parametrize("empty_db_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture(name="script")

@@ -138,6 +138,7 @@ def chat_turn(openclaw: Path, config: Path, state: Path, message: str) -> dict[s
     return envelope
 
 
+@pytest.mark.parametrize("empty_db_url", ["sqlite"], indirect=True)  # the task test covers Postgres
 def test_on_an_online_key_a_conversation_is_one_session_and_takes_feedback(
     openclaw: Path, proxies: ProxyFactory, worker: ScriptedWorker, script: TextScript, tmp_path: Path,
 ) -> None:

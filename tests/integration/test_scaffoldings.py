@@ -153,6 +153,7 @@ def check_trained(proxy: Proxy, report: dict[str, Any], pusher: ScriptedWorker, 
     assert {step for tid, (_, step) in trajectories(proxy.db_url).items() if tid in ours} == {1}
 
 
+@pytest.mark.parametrize("empty_db_url", ["sqlite"], indirect=True)  # the scripted cases cover Postgres
 @pytest.mark.parametrize(("controller", "reward"), ENGINE_CASES, ids=map(case_id, ENGINE_CASES))
 def test_each_controller_on_the_tiny_model_leaves_rewarded_groups_a_trainer_step_consumes(
     proxies: ProxyFactory, engine_url: str, pusher: ScriptedWorker, problems: list[Problem], tmp_path: Path,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,24 @@ from tests.support.databases import storage_config
 
 T = TypeVar("T")
 
+ENGINE_PORTS = 3
+"""Ports from `serving.port` the engines may take: the serving workers', then an eval engine's."""
+
+
+def free_port_block(count: int) -> int:
+    """A port p such that p … p + count - 1 are all free now. Engines listen on consecutive ports
+    (`serving.port + i`), and a single free port's neighbour is often some connection's local port, so
+    the block is drawn below the range the OS takes local ports from (32768 and up on Linux)."""
+    while True:
+        base = random.randrange(20_000, 32_000)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+
 
 def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -> list[str]:
     """Config overrides for a small, fast stack on free ports with the tiny model."""
@@ -28,7 +48,7 @@ def stack_overrides(db_url: str, model_dir: Path, run_dir: Path, **extra: Any) -
         "storage.url": db_url,
         **({} if key_secret is None else {"storage.key_secret": key_secret.get_secret_value()}),
         "serving.model": str(model_dir),
-        "serving.port": free_port(),
+        "serving.port": free_port_block(ENGINE_PORTS),
         "serving.cpu.num_threads": 1,
         "proxy.port": free_port(),
         "proxy.key_cache_ttl_s": 0,
