@@ -79,7 +79,7 @@ async def test_kill_9_of_the_runner_loses_and_doubles_no_reward(db_url: str, tmp
 
         first = _runner(db_url, log)
         try:
-            await _wait(running, 120)
+            await _wait(running, 240)
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
@@ -92,7 +92,7 @@ async def test_kill_9_of_the_runner_loses_and_doubles_no_reward(db_url: str, tmp
 
         second = _runner(db_url, log)
         try:
-            await _wait(all_done, 180)
+            await _wait(all_done, 360)
         finally:
             second.send_signal(signal.SIGTERM)
             second.wait(timeout=60)
