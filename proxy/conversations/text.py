@@ -42,9 +42,14 @@ def prefix_hashes(tools: str | None, keys: Sequence[MessageKey]) -> list[int]:
     hashes: list[int] = []
     running = hash(("tools", tools))
     for key in keys:
-        running = hash((running, key))
+        running = extend_hash(running, key)
         hashes.append(running)
     return hashes
+
+
+def extend_hash(running: int, key: MessageKey) -> int:
+    """The rolling hash of some messages followed by one more (`running`: theirs, from `prefix_hashes`)."""
+    return hash((running, key))
 
 
 def closed_length(output_ids: Sequence[int], close_ids: Sequence[int]) -> int:

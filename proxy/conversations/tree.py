@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from proxy.config import DEFAULT_MAX_NODES
 from proxy.conversations.messages import TemplateInput
-from proxy.conversations.text import ConversationKeys, prefix_hashes
+from proxy.conversations.text import ConversationKeys, extend_hash, prefix_hashes
 from rewards.message_keys import MessageKey, is_assistant, message_key, tools_key
 from storage.records import CompletionRecord
 
@@ -140,20 +140,22 @@ class SessionTree:
         self.by_hash.setdefault(node.path_hash, []).append(node)
         if len(hashes) > 1:
             self.asked.add(hashes[-2])
-        self._index_shortened(node)
+        self._index_shortened(node, hashes)
         if parent is not None:
             parent.children += 1
         if len(self.nodes) > self.max_nodes:
             self._evict()
         return True
 
-    def _index_shortened(self, node: ConversationNode) -> None:
-        """Index `node` by its path without each possible run of trailing ephemeral messages."""
+    def _index_shortened(self, node: ConversationNode, hashes: Sequence[int]) -> None:
+        """Index `node` by its path without each possible run of trailing ephemeral messages (`hashes`:
+        its path's prefix hashes, which each shortened path's hash extends by the answer)."""
         shortened = []
+        last = len(node.path) - 1  # the answer's place
         for dropped in range(1, min(self.ephemeral_max, node.own - 1) + 1):
-            if node.path[-1 - dropped][0] not in EPHEMERAL_ROLES:
+            if node.path[last - dropped][0] not in EPHEMERAL_ROLES:
                 break
-            shortened.append(prefix_hashes(node.tools, node.history(dropped))[-1])
+            shortened.append(extend_hash(hashes[last - dropped - 1], node.path[last]))
             self.by_shortened.setdefault(shortened[-1], []).append((node, dropped))
         node.shortened = tuple(shortened)
 
