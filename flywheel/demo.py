@@ -47,9 +47,11 @@ def gpu_present() -> bool:
     """Whether this machine can run the GPU flagship: CUDA for torch and sglang installed."""
     import importlib.util
 
+    if importlib.util.find_spec("sglang") is None:  # asked first: no torch import where it cannot be
+        return False
     import torch
 
-    return bool(torch.cuda.is_available()) and importlib.util.find_spec("sglang") is not None
+    return bool(torch.cuda.is_available())
 
 
 def resolved_hardware(config: FlywheelConfig) -> str:
