@@ -15,7 +15,7 @@ from rewards.hooks.adapters import HookConfigError
 from storage.config import StorageSetupError
 
 if TYPE_CHECKING:
-    from storage.keys import KeyInfo
+    from storage.keys import KeyInfo, KeyLimits
 
 log = logging.getLogger("flywheel")
 
@@ -212,29 +212,45 @@ def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
         return 130
 
 
-def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
+def _new_key(config: FlywheelConfig, online: bool, limits: KeyLimits | None = None) -> str:
+    """A new admin or online key stored in the configured database (migrated first where it may be);
+    its plaintext, shown once."""
     import asyncio
 
     from proxy.auth import create_admin_key, create_online_key
-    from storage.engine import SessionFactory, create_engine, create_sessionmaker
-    from storage.keys import KeyHasher, KeyLimits, LastAdminKeyError, list_keys, load_key_hasher, revoke_key
+    from storage.engine import create_engine, create_sessionmaker
+    from storage.keys import NO_KEY_LIMITS, load_key_hasher
 
     _check_storage(config)
-    hasher = load_key_hasher(config.storage) if args.action == "create" else None
+    hasher = load_key_hasher(config.storage)
 
-    async def create(session_factory: SessionFactory, hasher: KeyHasher) -> str:
-        limits = KeyLimits(args.requests_per_s, args.burst, args.tokens_per_day)
-        if args.online:
-            return await create_online_key(session_factory, hasher, limits)
-        return await create_admin_key(session_factory, hasher, limits)
+    async def create() -> str:
+        engine = create_engine(config.storage)
+        try:
+            make = create_online_key if online else create_admin_key
+            return await make(create_sessionmaker(engine), hasher, limits or NO_KEY_LIMITS)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(create())
+
+
+def _run_keys(config: FlywheelConfig, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from storage.engine import create_engine, create_sessionmaker
+    from storage.keys import KeyLimits, LastAdminKeyError, list_keys, revoke_key
+
+    if args.action == "create":
+        print(_new_key(config, args.online, KeyLimits(args.requests_per_s, args.burst, args.tokens_per_day)))
+        return 0
+    _check_storage(config)
 
     async def run() -> int:
         engine = create_engine(config.storage)
         try:
             session_factory = create_sessionmaker(engine)
-            if hasher is not None:
-                print(await create(session_factory, hasher))
-            elif args.action == "list":
+            if args.action == "list":
                 keys = await list_keys(session_factory, scope=args.kind, limit=args.limit + 1)
                 print(_key_table(keys[:args.limit]))
                 if len(keys) > args.limit:
@@ -313,9 +329,7 @@ def _run_db(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
 
 def _run_openclaw(config: FlywheelConfig, args: argparse.Namespace) -> int:
-    if args.online:
-        _check_storage(config)  # the new key goes into the database
-    return run_openclaw(config, args)
+    return run_openclaw(config, args, lambda: _new_key(config, online=True))
 
 
 def _print_config(config: FlywheelConfig, args: argparse.Namespace) -> int:

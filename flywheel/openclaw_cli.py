@@ -4,18 +4,17 @@ block into its config (integrations/openclaw/config.py), with a key given or a n
 from __future__ import annotations
 
 import argparse
-import asyncio
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from flywheel.config import FlywheelConfig
+from integrations.gsm8k.rl_api import FlywheelAPIError, RLClient
 from integrations.openclaw.config import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_TOKENS,
     ConfigFileError,
-    openai_base_url,
     write_config,
 )
 
@@ -50,11 +49,11 @@ def add_openclaw_parser(command: argparse.ArgumentParser) -> list[argparse.Argum
     return [config]
 
 
-def run_openclaw(config: FlywheelConfig, args: argparse.Namespace) -> int:
-    key = args.key if not args.online else asyncio.run(_new_online_key(config))
+def run_openclaw(config: FlywheelConfig, args: argparse.Namespace, new_online_key: Callable[[], str]) -> int:
+    """Write the provider block; `new_online_key` makes the key when `--online` asks for one."""
+    key = new_online_key() if args.online else args.key
     base_url = args.base_url or config.proxy.base_url().replace("//0.0.0.0:", "//127.0.0.1:")
     served = _served_model(base_url, key)
-    served = served or {}
     model = args.model or served.get("id") or config.serving.served_model_name or config.serving.model
     context_window = args.context_window or served.get("max_model_len") or DEFAULT_CONTEXT_WINDOW
     path = args.out.expanduser()
@@ -62,7 +61,7 @@ def run_openclaw(config: FlywheelConfig, args: argparse.Namespace) -> int:
         write_config(path, base_url, key, model, context_window=int(context_window),
                      max_tokens=args.max_tokens)
     except ConfigFileError as exc:
-        print(f"flywheel: {exc}")
+        print(f"flywheel: {exc}", file=sys.stderr)
         return 2
     print(f"wrote the `flywheel` provider ({base_url}, model {model}, {context_window} tokens) into {path}")
     if args.online:
@@ -70,26 +69,11 @@ def run_openclaw(config: FlywheelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _served_model(base_url: str, key: str) -> dict[str, Any] | None:
-    """The proxy's model entry (`id`, `max_model_len`) if the proxy answers now; None if not (it need not
+def _served_model(base_url: str, key: str) -> dict[str, Any]:
+    """The proxy's model entry (`id`, `max_model_len`) if the proxy answers now; empty if not (it need not
     be running: the config's values are used then)."""
     try:
-        response = httpx.get(f"{openai_base_url(base_url)}/models",
-                             headers={"Authorization": f"Bearer {key}"}, timeout=5)
-        models = response.json().get("data") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return models[0] if models and isinstance(models[0], dict) else None
-
-
-async def _new_online_key(config: FlywheelConfig) -> str:
-    from proxy.auth import create_online_key
-    from storage.engine import create_engine, create_sessionmaker
-    from storage.keys import KeyLimits, load_key_hasher
-
-    engine = create_engine(config.storage)
-    try:
-        return await create_online_key(create_sessionmaker(engine), load_key_hasher(config.storage),
-                                       KeyLimits(None, None, None))
-    finally:
-        await engine.dispose()
+        with RLClient(base_url, key, timeout_s=5) as client:
+            return client.served_model_entry()
+    except FlywheelAPIError:
+        return {}

@@ -129,11 +129,25 @@ class RLClient:
     def served_model(self) -> str:
         """The id of the model the proxy serves (GET /v1/models): also proves the proxy is up and the
         key works."""
+        return str(self.served_model_entry()["id"])
+
+    def served_model_entry(self) -> dict[str, Any]:
+        """The served model's entry of GET /v1/models: its `id` and `max_model_len` (its context)."""
         models = self._call("GET", "/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
-        if not data:
+        if not data or not isinstance(data[0], dict):
             raise FlywheelAPIError(f"GET /v1/models at {self.root_url} listed no model: {models!r}")
-        return str(data[0]["id"])
+        return data[0]
+
+    def send_feedback(
+        self, completion_id: str | None = None, *, value: float | None = None, thumbs: str | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """A judgement of a completion (POST /rl/v1/feedback; None: the key's newest completion); the
+        proxy's answer says whether it joined training."""
+        body = {"completion_id": completion_id, "value": value, "thumbs": thumbs, "comment": comment}
+        answer = self._call("POST", "/rl/v1/feedback", {k: v for k, v in body.items() if v is not None})
+        return dict(answer)
 
     def create_group(self, size: int, task: Any = None, reward: Any = None) -> GroupHandle:
         """A group of `size` sessions. `reward` names the reward hooks that label each session once it

@@ -20,9 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import httpx
-
-from integrations.gsm8k.rl_api import FlywheelAPIError, RLClient, root_url_of
+from integrations.gsm8k.rl_api import FlywheelAPIError, RLClient
 from integrations.openclaw.driver import DEFAULT_HOOK, OpenClawCli, load_tasks, run_tasks
 
 
@@ -77,12 +75,8 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _feedback(args: argparse.Namespace) -> int:
-    body = {"completion_id": args.completion_id, "value": args.value, "thumbs": args.thumbs,
-            "comment": args.comment}
-    response = httpx.post(f"{root_url_of(args.base_url)}/rl/v1/feedback",
-                          json={k: v for k, v in body.items() if v is not None},
-                          headers={"Authorization": f"Bearer {args.api_key}"}, timeout=30)
-    if response.status_code >= 400:
-        raise FlywheelAPIError(f"feedback refused: HTTP {response.status_code}: {response.text}")
-    print(json.dumps(response.json()))
+    with RLClient(args.base_url, args.api_key) as client:
+        answer = client.send_feedback(args.completion_id, value=args.value, thumbs=args.thumbs,
+                                      comment=args.comment)
+    print(json.dumps(answer))
     return 0

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from integrations.gsm8k.rl_api import root_url_of
+
 PROVIDER = "flywheel"
 DEFAULT_CONTEXT_WINDOW = 32_768
 DEFAULT_MAX_TOKENS = 1024
@@ -24,8 +26,7 @@ class ConfigFileError(ValueError):
 
 def openai_base_url(base_url: str) -> str:
     """The proxy's OpenAI base URL (ending in /v1) from its root or its base URL."""
-    root = base_url.rstrip("/")
-    return root if root.endswith("/v1") else f"{root}/v1"
+    return f"{root_url_of(base_url)}/v1"
 
 
 def provider_block(
