@@ -85,7 +85,7 @@ class OpenClawCli:
                    "--state-dir", str(state), "--timeout", str(int(self.timeout_s))]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=self.timeout_s + 60,
                               check=False)
-        envelope = _last_json_object(done.stdout)
+        envelope = _json_envelope(done.stdout)
         if envelope is None:
             raise RuntimeError(
                 f"openclaw exited {done.returncode} without a JSON result:\n{done.stderr[-2000:]}"
@@ -93,7 +93,8 @@ class OpenClawCli:
         return envelope
 
 
-def _last_json_object(text: str) -> dict[str, Any] | None:
+def _json_envelope(text: str) -> dict[str, Any] | None:
+    """The JSON object OpenClaw prints (from its first `{` to the end of its output), or None."""
     start = text.find("{")
     if start < 0:
         return None

@@ -19,7 +19,6 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from proxy.auth import create_online_key
 from rewards.config import FinalizerConfig, RewardsConfig
 from serving.client import WorkerPool
 from serving.config import ClientConfig
@@ -27,8 +26,9 @@ from serving.models.loading import load_tokenizer
 from storage.engine import SessionFactory
 from storage.models import Completion, Feedback, PolicyVersion, Session, Trajectory
 from tests.support.databases import key_hasher
+from tests.support.feedback import new_online_key
 from tests.support.online_loop import LocalPolicy, gated_driver, online_trainer_config, two_engines
-from tests.support.proxy_harness import ProxyFactory, run_db
+from tests.support.proxy_harness import ProxyFactory
 
 pytestmark = [pytest.mark.slow]
 
@@ -115,7 +115,7 @@ async def test_hermes_chat_feedback_trains_a_version_that_is_promoted_and_served
         [serving_url], rewards=RewardsConfig(), finalizer=finalizer, context_length=CONTEXT_LENGTH
     )
     hasher = key_hasher(db_url)
-    key = run_db(db_url, lambda factory: create_online_key(factory, hasher))
+    key = new_online_key(proxy)
     config = online_trainer_config(batch_size=1, margin=10.0)  # eval scores lie in 0..1: any version passes
     stop = asyncio.Event()
     policy = LocalPolicy(tiny_model_dir, config)

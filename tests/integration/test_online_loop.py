@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from proxy.auth import create_online_key
 from rewards.config import FinalizerConfig, RewardsConfig
 from serving.client import WorkerPool
 from serving.config import ClientConfig
 from storage.engine import SessionFactory
 from storage.models import Completion, Feedback, PolicyVersion, Session, TrainStep, VersionStatus
-from tests.support.databases import key_hasher
+from tests.support.feedback import new_online_key
 from tests.support.online_loop import (
     LocalPolicy,
     SimulatedUsers,
@@ -30,7 +29,7 @@ from tests.support.online_loop import (
     online_trainer_config,
     two_engines,
 )
-from tests.support.proxy_harness import ProxyFactory, run_db
+from tests.support.proxy_harness import ProxyFactory
 from trainer.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow]
@@ -83,8 +82,7 @@ async def test_online_loop_promotes_learning_and_never_serves_a_damaged_update(
     serving_url, eval_url = engines
     finalizer = FinalizerConfig(reward_grace_s=4.0, session_ttl_s=30.0, sweep_interval_s=0.5)
     proxy = proxies.start([serving_url], rewards=RewardsConfig(), finalizer=finalizer)
-    hasher = key_hasher(db_url)
-    keys = [run_db(db_url, lambda factory: create_online_key(factory, hasher)) for _ in range(USERS)]
+    keys = [new_online_key(proxy) for _ in range(USERS)]
     config = online_trainer_config(batch_size=4, margin=0.02)
     policy = LocalPolicy(tiny_model_dir, config)
     users = SimulatedUsers(proxy.base_url, keys)
