@@ -38,7 +38,8 @@ from trainer.checkpoint import prune_checkpoints
 from trainer.config import TrainerConfig
 from trainer.monitor import Monitor, finite_metrics
 from trainer.promotion import CandidateGate, decide
-from trainer.weights.disk import push_weights, served_versions, weight_version_label
+from trainer.weights.disk import served_versions, weight_version_label
+from trainer.weights.sync import DiskSync, WeightSync
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class PolicyHandle(Protocol):
 
 
 class Driver:
-    """Runs steps until `total_steps` is reached or `stop` is set (checked between steps). With a `gate`
+    """Runs steps until `total_steps` is reached or `stop` is set (checked between steps). Weights reach the
+    workers through `sync` (default: `DiskSync`, a checkpoint read from a shared filesystem). With a `gate`
     (eval-gated promotion, trainer/promotion.py) each new version is a candidate until its evaluation
     promotes it; the driver then trains on from the version it promoted, or from the best one."""
 
@@ -68,8 +70,10 @@ class Driver:
         checkpoint_dir: Path,
         monitor: Monitor,
         gate: CandidateGate | None = None,
+        sync: WeightSync | None = None,
     ) -> None:
         self._config = config
+        self._sync = sync if sync is not None else DiskSync(config.weights)
         self._db = session_factory
         self._policy = policy
         self._clients = list(clients)
@@ -128,9 +132,7 @@ class Driver:
             path = await self._policy.save(str(self._checkpoint_dir), new_version, gated)
             stats["perf/save_s"] = time.perf_counter() - saved
             if not gated:
-                stats["perf/push_s"] = await push_weights(
-                    self._clients, path, new_version, self._config.weights
-                )
+                stats["perf/push_s"] = await self._sync.push(self._clients, path, new_version)
                 stats["perf/weight_sync_s"] = stats["perf/save_s"] + stats["perf/push_s"]
             stats["perf/step_s"] = time.perf_counter() - started
             metrics = finite_metrics(stats)
@@ -174,7 +176,7 @@ class Driver:
         decision = decide(result, None if best is None else best.evaluation, self._config.promotion)
         details = {**result.details, "eval_s": eval_s}
         if decision.promote:
-            push_s = await push_weights(self._clients, path, candidate, self._config.weights)
+            push_s = await self._sync.push(self._clients, path, candidate)
             evaluated = replace(result, details={**details, "push_s": push_s})
             reason = decision.reason
             await settle(self._db, candidate, promoted=True, result=evaluated, reason=reason, served=True)
@@ -187,7 +189,7 @@ class Driver:
         await self._policy.load(best.checkpoint_path)
         served = await served_version(self._db)
         if served is None or served.version != best.version:
-            await push_weights(self._clients, best.checkpoint_path, best.version, self._config.weights)
+            await self._sync.push(self._clients, best.checkpoint_path, best.version)
             await mark_served(self._db, best.version)
             logger.warning("serving rolled back to version %d", best.version)
         return best.version
@@ -217,7 +219,7 @@ class Driver:
                 label,
                 path,
             )
-            await push_weights(behind, path, version, self._config.weights)
+            await self._sync.push(behind, path, version)
 
     def _done(self) -> bool:
         return self._config.total_steps is not None and self._newest >= self._config.total_steps

@@ -1,5 +1,3 @@
-"""Weight-update strategies, one file each: `disk` pushes a safetensors checkpoint to every worker.
-
-There is deliberately no NCCL (`/update_weights_from_distributed`) strategy yet: it needs GPUs on
-both sides and is not written, rather than shipped as an untested skeleton.
+"""Weight-update strategies, one file each behind the `WeightSync` seam of `sync.py`: `disk` pushes a
+safetensors checkpoint that every worker reads from a shared filesystem (the default).
 """
