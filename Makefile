@@ -53,7 +53,7 @@ demo: $(VENV)/.installed
 
 # The agent venvs were just built, so a test that finds one missing fails instead of skipping.
 test: $(VENV)/.installed $(HERMES_INSTALLED) $(NODE_INSTALLED)
-	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra -n 3 --dist loadfile
+	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra -n 3 --dist loadfile --durations=40
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

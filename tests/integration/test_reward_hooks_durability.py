@@ -51,6 +51,9 @@ async def _sessions_with_ended_hooks(session_factory: SessionFactory) -> list[st
 def _runner(db_url: str, log: Path) -> subprocess.Popen[bytes]:
     overrides = [*storage_overrides(db_url), "rewards.runner.concurrency=4", "rewards.runner.workers=2",
                  "rewards.runner.poll_interval_s=0.1", "rewards.runner.timeout_s=20",
+                 # At the default niceness a saturated machine (the rest of the suite) starves the workers
+                 # as they start; the test is about a kill, not about priorities.
+                 "rewards.runner.worker_nice=0",
                  "rewards.runner.lease_margin_s=1"]
     env = {**os.environ, "FLYWHEEL_TEST_HOOK_LOG": str(log), "RAY_AUTH_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "flywheel.cli", "rewards", "run", *overrides], env=env,
