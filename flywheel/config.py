@@ -114,6 +114,25 @@ class FlywheelConfig(BaseSettings):
     demo: DemoConfig = Field(default_factory=DemoConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _admission_follows_trainer(cls, data: Any) -> Any:
+        # The proxy is handed only `proxy`: its admission control takes the trainer's B and η, unless
+        # proxy.admission sets its own.
+        if not isinstance(data, dict) or not isinstance(proxy := data.get("proxy", {}), dict):
+            return data
+        admission = proxy.get("admission", {})
+        if not isinstance(admission, dict):
+            return data
+        trainer = data.get("trainer", {})
+        filled = dict(admission)
+        for name in ("batch_size", "max_head_offpolicyness"):
+            if filled.get(name) is None:
+                default = TrainerConfig.model_fields[name].default
+                own = trainer.get(name) if isinstance(trainer, dict) else getattr(trainer, name, None)
+                filled[name] = default if own is None else own
+        return {**data, "proxy": {**proxy, "admission": filled}}
+
     @model_validator(mode="after")
     def _promotion_has_an_eval_set(self) -> FlywheelConfig:
         evaluation = self.online.eval

@@ -3,7 +3,7 @@ answers and records."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.online_config import OnlineConfig
 from proxy.parsers import reasoning_parser, tool_call_parser
@@ -91,6 +91,40 @@ class RateLimitsConfig(BaseModel):
         """The default limits of a kind of key ("admin", "session" or "online")."""
         limit: KeyRateLimit = getattr(self, scope)
         return limit
+
+
+class AdmissionConfig(BaseModel):
+    """Admission control of the RL API (`proxy.admission`; docs/architecture.md, "Admission control"):
+    creating sessions (`POST /rl/v1/sessions`, `/rl/v1/groups`, AReaL's `/rl/start_session`) is a 429
+    with `Retry-After` once the sessions admitted would pass (η + v + 1) · B, v the newest policy
+    version, so that generation runs at most η + 1 batches ahead of training. Online keys' traffic is
+    never refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    """Refuse RL API sessions past the capacity. Off by default: the trainer drops samples older than η
+    either way (never training on them), so admission saves the generation they would waste; turn it on
+    for asynchronous runs whose agents open sessions as fast as they are let in. Its clients must wait
+    out the 429 (the `openai` client and the GSM8K agent's `RLClient` do)."""
+    retry_after_s: float = Field(2.0, gt=0)
+    """The refusal's `Retry-After` (whole seconds, rounded up) and `retry-after-ms`: about how long a
+    slot takes to free (a training step)."""
+    batch_size: int | None = Field(None, ge=1)
+    """B, in sessions. None: `trainer.batch_size`, which the Flywheel config fills in (the proxy is
+    handed only its own section); set it where the trainer's is not in this config."""
+    max_head_offpolicyness: int | None = Field(None, ge=0)
+    """η. None: `trainer.max_head_offpolicyness`, filled in the same way."""
+
+    @model_validator(mode="after")
+    def _knows_its_batch(self) -> AdmissionConfig:
+        if self.enabled and (self.batch_size is None or self.max_head_offpolicyness is None):
+            raise ValueError(
+                "proxy.admission.enabled needs the trainer's batch_size and max_head_offpolicyness: set "
+                "proxy.admission.batch_size and .max_head_offpolicyness (the Flywheel config takes "
+                "trainer.batch_size and trainer.max_head_offpolicyness)"
+            )
+        return self
 
 
 class ProxyConfig(BaseModel):
@@ -199,6 +233,8 @@ class ProxyConfig(BaseModel):
     """How online keys' calls are grouped into sessions: whether a new conversation ends the last."""
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     """Redaction of the stored request/response JSON, and how long raw JSON is kept (docs/privacy.md)."""
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    """Admission control of RL API sessions: how far generation may run ahead of training."""
 
     @field_validator("tool_call_parser")
     @classmethod

@@ -121,3 +121,15 @@ class ProxyMetrics:
             "flywheel_proxy_stream_disconnects", "Streams the client dropped before the end",
             registry=self.registry,
         )
+        self.admission_refused = Counter(
+            "flywheel_proxy_admission_refused", "RL API session creations refused with 429 by admission "
+            "control, by what was asked (session or group)", ["kind"], registry=self.registry,
+        )
+        self.admission_admitted = Gauge(
+            "flywheel_proxy_admission_admitted", "Sessions holding an admission slot, as the last RL API "
+            "creation found them", registry=self.registry,
+        )
+        self.admission_capacity = Gauge(
+            "flywheel_proxy_admission_capacity", "(η + v + 1) · B at the last RL API creation",
+            registry=self.registry,
+        )

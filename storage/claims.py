@@ -5,6 +5,11 @@ A claim unit is a whole group (every trajectory of a group whose `size` sessions
 one trajectory without a group. On Postgres, concurrent claimers lock units with `FOR UPDATE SKIP LOCKED`
 (the group row for a group, then the trajectory rows) and never wait on each other; on SQLite the claim
 runs under BEGIN IMMEDIATE, so claimers take turns. Either way two claims never share a trajectory.
+
+A sample older than η is not claimable, and as the trainer's version moves on it never will be: the
+trainer's claims drop it (`drop_stale`), with the rest of its group, so it is no longer considered and
+is counted; sessions left with nothing to train free their admission slots (storage/admission.py). A
+trajectory is consumed once or dropped, never both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sqlalchemy import ColumnElement, and_, exists, func, insert, or_, select, u
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from storage.admission import release_slots
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.models import Group, PolicyVersion, Session, SessionStatus, TrainStep, Trajectory, VersionStatus
 from storage.records import ClaimedBatch, StepRecord, TrainingSample
@@ -30,6 +36,7 @@ DEFAULT_LEASE_S = 600.0
 """A claim older than this may be taken over: its trainer is presumed dead."""
 
 _MIN_SCAN = 256  # candidate rows read per round; whole groups are then completed from their members
+_MAX_STALE = 512  # stale rows one claim drops (with their groups); the rest go at the next claims
 
 
 class ClaimLostError(RuntimeError):
@@ -55,23 +62,30 @@ async def claim_batch(
     max_staleness: int,
     *,
     lease_s: float = DEFAULT_LEASE_S,
+    drop_stale: bool = False,
+    claim_token: str | None = None,
 ) -> ClaimedBatch:
     """Claim up to `size` unconsumed trajectories, oldest first, whole groups only, whose every generated
-    token is at most `max_staleness` versions behind `current_version`. May return an empty batch."""
+    token is at most `max_staleness` versions behind `current_version`. May return an empty batch.
+    With `drop_stale` (the trainer's claims), first drop the unclaimed samples older than that and the
+    other members of their groups (`dropped_at`), in the same transaction; the batch counts them.
+    `claim_token` is the token to claim with (default: a new one); a trainer that notes it before the
+    claim can give the claim back after a crash however early in the step it died."""
     if size < 1 or max_staleness < 0 or lease_s < 0:
         raise ValueError("size must be >= 1, max_staleness and lease_s >= 0")
     now = datetime.now(UTC)
     filt = _Filter(floor=current_version - max_staleness, lease_cutoff=now - timedelta(seconds=lease_s))
-    token = str(uuid.uuid4())
+    token = claim_token or str(uuid.uuid4())
     async with write_transaction(session_factory) as db:
+        dropped = await _drop_stale(db, filt, now) if drop_stale else 0
         ids = await _claim_units(db, size, filt)
         if not ids:
-            return ClaimedBatch(claim_token=token, samples=())
+            return ClaimedBatch(claim_token=token, samples=(), dropped=dropped)
         await db.execute(
             update(Trajectory).where(Trajectory.id.in_(ids)).values(claim_token=token, claimed_at=now)
         )
         samples = await _load_samples(db, ids)
-    return ClaimedBatch(claim_token=token, samples=samples)
+    return ClaimedBatch(claim_token=token, samples=samples, dropped=dropped)
 
 
 async def release_claim(session_factory: SessionFactory, claim_token: str) -> int:
@@ -161,12 +175,51 @@ async def _claim_units(db: AsyncSession, size: int, filt: _Filter) -> list[int]:
     return claimed
 
 
-def _claimable(t: Any, filt: _Filter) -> ColumnElement[bool]:
+def _free(t: Any, filt: _Filter) -> ColumnElement[bool]:
+    """Neither consumed nor dropped, and unclaimed (or its claim expired)."""
     return and_(
         t.consumed_step.is_(None),
+        t.dropped_at.is_(None),
         or_(t.claim_token.is_(None), t.claimed_at <= filt.lease_cutoff),
-        t.min_version >= filt.floor,
     )
+
+
+def _claimable(t: Any, filt: _Filter) -> ColumnElement[bool]:
+    return and_(_free(t, filt), t.min_version >= filt.floor)
+
+
+async def _drop_stale(db: AsyncSession, filt: _Filter, now: datetime) -> int:
+    """Mark dropped the free samples older than the floor and the free members of their groups (a group
+    is trained whole or not at all), skipping rows a concurrent claimer holds (never waiting on it), and
+    free the admission slots of their sessions that have nothing left to train. Returns how many."""
+    stale = (
+        await db.execute(
+            select(Trajectory.id, Trajectory.group_id, Trajectory.session_id)
+            .where(_free(Trajectory, filt), Trajectory.min_version < filt.floor)
+            .limit(_MAX_STALE)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    if not stale:
+        return 0
+    owners = {row.id: row.session_id for row in stale}  # trajectory → its session
+    groups = {row.group_id for row in stale if row.group_id is not None}
+    if groups:
+        members = await db.execute(
+            select(Trajectory.id, Trajectory.session_id)
+            .where(Trajectory.group_id.in_(groups), _free(Trajectory, filt))
+            .with_for_update(skip_locked=True)
+        )
+        owners.update({row.id: row.session_id for row in members})
+    result = await db.execute(
+        update(Trajectory)
+        .where(Trajectory.id.in_(list(owners)), _free(Trajectory, filt))
+        .values(dropped_at=now, claim_token=None, claimed_at=None)
+    )
+    dropped = affected_rows(result)
+    await release_slots(db, set(owners.values()))
+    logger.info("dropped %d samples older than version %d (or in a group with one)", dropped, filt.floor)
+    return dropped
 
 
 def _candidates(filt: _Filter, after: int, limit: int) -> Any:

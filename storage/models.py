@@ -147,6 +147,13 @@ class Session(Base):
             name="ended_at_matches_status",
         ),
         Index("ix_sessions_owner_conversation", "owner_key_hash", "conversation"),
+        # Admission control counts the sessions holding a slot (storage/admission.py): only those.
+        Index(
+            "ix_sessions_holds_slot",
+            "holds_slot",
+            sqlite_where=text("holds_slot = 1"),
+            postgresql_where=text("holds_slot"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -164,6 +171,9 @@ class Session(Base):
     status: Mapped[str] = mapped_column(
         String(16), default=SessionStatus.ACTIVE.value, server_default=SessionStatus.ACTIVE.value
     )
+    holds_slot: Mapped[bool] = mapped_column(server_default=false())
+    """Holds an RL API admission slot (docs/architecture.md, "Admission control"): opened through the RL
+    API and not known untrainable (finalized without trajectories, or all of them dropped)."""
     created_at: Mapped[Created]
     ended_at: Mapped[datetime | None]
 
@@ -243,13 +253,13 @@ class Trajectory(Base):
             name="claim_complete",
         ),
         # The claim query reads unconsumed rows that are fresh enough: a range on min_version skips
-        # the stale rows that are never claimed, and consumed rows drop out of this index.
+        # the stale rows that are never claimed, and consumed and dropped rows leave this index.
         Index(
             "ix_trajectories_unconsumed",
             "min_version",
             "id",
-            sqlite_where=text("consumed_step IS NULL"),
-            postgresql_where=text("consumed_step IS NULL"),
+            sqlite_where=text("consumed_step IS NULL AND dropped_at IS NULL"),
+            postgresql_where=text("consumed_step IS NULL AND dropped_at IS NULL"),
         ),
     )
 
@@ -274,6 +284,9 @@ class Trajectory(Base):
     claimed_at: Mapped[datetime | None]
     claim_token: Mapped[str | None] = mapped_column(String(36), index=True)
     consumed_step: Mapped[int | None] = mapped_column(ForeignKey("train_steps.step"), index=True)
+    dropped_at: Mapped[datetime | None]
+    """When a claim found it (or a member of its group) older than η and dropped it: never trained,
+    no longer considered (storage/claims.py); NULL: not dropped."""
 
 
 class VersionStatus(StrEnum):

@@ -15,6 +15,7 @@ from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from storage.admission import Admits, admit
 from storage.claims import ClaimLostError, claim_batch, latest_policy_version, record_step, release_claim
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import NO_KEY_LIMITS, KeyLimits
@@ -120,20 +121,29 @@ async def find_api_key(session_factory: SessionFactory, key_hash: str) -> ApiKey
 
 
 async def create_group(
-    session_factory: SessionFactory, group: GroupRecord, sessions: Sequence[SessionRecord] = ()
+    session_factory: SessionFactory, group: GroupRecord, sessions: Sequence[SessionRecord] = (),
+    admits: Admits | None = None,
 ) -> None:
-    """A group and, in the same transaction, any of its sessions already known (at most `group.size`)."""
+    """A group and, in the same transaction, any of its sessions already known (at most `group.size`).
+    `admits`: first check admission for the sessions (storage/admission.py; AdmissionRefused)."""
     if group.size < 1:
         raise ValueError(f"group size must be at least 1, got {group.size}")
     async with write_transaction(session_factory) as db:
+        if admits is not None:
+            await admit(db, len(sessions), admits)
         db.add(Group(id=group.id, size=group.size, task=group.task, reward_hooks=group.reward_hooks or None))
         await db.flush()
         await _add_sessions(db, sessions)
 
 
-async def create_session(session_factory: SessionFactory, session: SessionRecord) -> None:
-    """A session and its session key; joining a group that already has `size` sessions is a ValueError."""
+async def create_session(
+    session_factory: SessionFactory, session: SessionRecord, admits: Admits | None = None
+) -> None:
+    """A session and its session key; joining a group that already has `size` sessions is a ValueError.
+    `admits`: first check admission for it (storage/admission.py; AdmissionRefused)."""
     async with write_transaction(session_factory) as db:
+        if admits is not None:
+            await admit(db, 1, admits)
         await _add_sessions(db, [session])
 
 
@@ -144,7 +154,7 @@ async def _add_sessions(db: AsyncSession, sessions: Sequence[SessionRecord]) -> 
     for s in sessions:
         db.add(Session(id=s.id, group_id=s.group_id, task=s.task, metadata_=dict(s.metadata),
                        owner_key_hash=s.owner_key_hash, reward_hooks=s.reward_hooks or None,
-                       conversation=s.conversation))
+                       conversation=s.conversation, holds_slot=s.admitted))
     await db.flush()  # sessions before the keys that point at them
     for s in sessions:
         db.add(ApiKey(key_hash=s.key_hash, scope=KeyScope.SESSION.value, session_id=s.id))
@@ -285,7 +295,8 @@ async def insert_trajectories(
             await db.execute(update(Completion)
                              .where(Completion.id == orphan_id, Completion.session_id == session_id)
                              .values(orphan_of=kept_id))
-        if not rows:
+        if not rows:  # untrainable: its admission slot, if it held one, is free again
+            await db.execute(update(Session).where(Session.id == session_id).values(holds_slot=False))
             return []
         for row in rows:
             row.update(session_id=session_id, group_id=group_id, baseline_key=baseline_key)

@@ -32,6 +32,7 @@ class SessionRecord:
     owner_key_hash: str | None = None  # the online key whose calls made it (storage.models.Session)
     reward_hooks: list[dict[str, Any]] | None = None  # hook specs run when it ends (rewards/hooks/spec.py)
     conversation: str | None = None  # its online key's conversation hint (X-Flywheel-Conversation), if any
+    admitted: bool = False  # opened through the RL API: it holds an admission slot (storage/admission.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +108,7 @@ class ClaimedBatch:
 
     claim_token: str
     samples: tuple[TrainingSample, ...]
+    dropped: int = 0  # samples this claim found older than η (or in such a group) and dropped
 
     @property
     def ids(self) -> tuple[int, ...]:

@@ -3,7 +3,8 @@ over plain HTTP.
 
 It knows only the proxy's root URL and a key; every failure becomes a `FlywheelAPIError` whose message
 says what was called and what the proxy answered (its OpenAI-shaped error message), or that nothing
-answered at all.
+answered at all. A 429 with `Retry-After` (admission control refusing a new session until training
+catches up, or a rate limit) is waited out and the call made again, as the `openai` client does.
 """
 
 from __future__ import annotations
@@ -48,6 +49,26 @@ def root_url_of(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+MAX_RETRY_AFTER_S = 60.0
+"""The longest single wait a 429's `Retry-After` is taken at."""
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """How long a 429 asks to wait: `retry-after-ms`, else `Retry-After` in seconds (at most
+    MAX_RETRY_AFTER_S); None for any other answer, or a 429 that says nothing (it is not retried)."""
+    if response.status_code != 429:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = response.headers.get(name)
+        try:
+            seconds = float(value) * scale if value is not None else None
+        except ValueError:  # an HTTP date: not sent by Flywheel
+            seconds = None
+        if seconds is not None and seconds >= 0:
+            return min(seconds, MAX_RETRY_AFTER_S)
+    return None
+
+
 def _error_message(response: httpx.Response) -> str:
     """The proxy's own words: `error.message` of an OpenAI-shaped body, else FastAPI's `detail`, else
     the raw text."""
@@ -85,10 +106,14 @@ def _with_reward(body: dict[str, Any], reward: Any) -> dict[str, Any]:
 
 class RLClient:
     """Create sessions and groups, reward and end sessions, read them back. Thread-safe (one pooled
-    httpx.Client)."""
+    httpx.Client). A call refused with 429 and `Retry-After` is made again after that wait, for up to
+    `max_wait_s` in all (a refused call wrote nothing, so repeating it is safe)."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout_s: float = 30.0, max_wait_s: float = 3600.0
+    ) -> None:
         self.root_url = root_url_of(base_url)
+        self.max_wait_s = max_wait_s
         self._http = httpx.Client(
             base_url=self.root_url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"}
         )
@@ -107,24 +132,35 @@ class RLClient:
         return f"{self.root_url}/v1"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            response = self._http.request(method, path, json=body)
-        except httpx.TransportError as error:
-            raise FlywheelAPIError(
-                f"cannot reach the Flywheel proxy at {self.root_url} ({type(error).__name__}: {error}); "
-                "is it running, and is the URL right?"
-            ) from error
+        waited = 0.0
+        response = self._send(method, path, body)
+        while (wait := retry_after_s(response)) is not None and waited + wait <= self.max_wait_s:
+            logger.info("%s %s: 429, again in %.1f s: %s", method, path, wait, _error_message(response))
+            time.sleep(wait)
+            waited += wait
+            response = self._send(method, path, body)
         if response.status_code >= 400:
             hint = ""
             if response.status_code == 401:
                 hint = " — check the API key (an admin key: `flywheel keys create --admin`)"
             elif response.status_code == 403:
                 hint = " — this route needs an admin key"
+            elif response.status_code == 429 and waited:
+                hint = f" — still refused after waiting {waited:.0f} s"
             raise FlywheelAPIError(
                 f"{method} {path} failed: HTTP {response.status_code}: {_error_message(response)}{hint}",
                 response.status_code,
             )
         return response.json()
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        try:
+            return self._http.request(method, path, json=body)
+        except httpx.TransportError as error:
+            raise FlywheelAPIError(
+                f"cannot reach the Flywheel proxy at {self.root_url} ({type(error).__name__}: {error}); "
+                "is it running, and is the URL right?"
+            ) from error
 
     def served_model(self) -> str:
         """The id of the model the proxy serves (GET /v1/models): also proves the proxy is up and the

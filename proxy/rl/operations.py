@@ -16,6 +16,7 @@ from proxy.auth import SESSION_KEY_PREFIX, Principal, generate_api_key, may_act_
 from proxy.bodies import body_too_large, decoded_json, json_size, read_body
 from proxy.config import LimitsConfig
 from proxy.errors import OpenAIError, describe_validation_errors
+from proxy.rl.admission import admission_control
 from proxy.rl.schemas import (
     CompletionSummary,
     EndSessionResponse,
@@ -32,6 +33,7 @@ from rewards.hooks.adapters import HookConfigError
 from rewards.hooks.contract import HookLevel
 from rewards.hooks.spec import HookSpec, parse_specs, stored_hooks
 from rewards.snapshot import load_session_snapshot
+from storage.admission import admit
 from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus, as_utc
@@ -127,14 +129,16 @@ async def start_session(
     api_key: str | None = None, hooks: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
     """A new session and its key (`api_key` if given, else a fresh one), labelled by `hooks` once it ends
-    (`reward_hooks`); 404 for an unknown group, 409 for a full one."""
+    (`reward_hooks`); 429 past admission control's capacity (proxy/rl/admission.py), 404 for an unknown
+    group, 409 for a full one."""
     session_id, key = new_session_id(), api_key or generate_api_key(SESSION_KEY_PREFIX)
     record = SessionRecord(
         id=session_id, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task,
-        metadata=metadata, reward_hooks=hooks,
+        metadata=metadata, reward_hooks=hooks, admitted=True,
     )
     try:
-        await create_session(services.session_factory, record)
+        with admission_control(services.config.admission, services.metrics, "session") as gate:
+            await create_session(services.session_factory, record, admits=gate)
     except LookupError:
         raise _not_found("group", group_id or "") from None
     except ValueError as exc:
@@ -148,16 +152,18 @@ async def start_group(
     group_hooks: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[tuple[str, str]]]:
     """A group and all `size` of its sessions, in one transaction: each session labelled by `hooks`, the
-    group by `group_hooks` once all have ended."""
+    group by `group_hooks` once all have ended. 429 past admission control's capacity, where the group
+    counts `size` sessions."""
     group_id = new_group_id()
     members = [(new_session_id(), generate_api_key(SESSION_KEY_PREFIX)) for _ in range(size)]
     records = [
         SessionRecord(id=sid, key_hash=services.key_hasher.hash(key), group_id=group_id, task=task,
-                      reward_hooks=hooks)
+                      reward_hooks=hooks, admitted=True)
         for sid, key in members
     ]
     group = GroupRecord(id=group_id, size=size, task=task, reward_hooks=group_hooks)
-    await create_group(services.session_factory, group, records)
+    with admission_control(services.config.admission, services.metrics, "group") as gate:
+        await create_group(services.session_factory, group, records, admits=gate)
     logger.info("group %s started with %d sessions", group_id, size)
     return group_id, members
 
@@ -330,19 +336,24 @@ async def stored_key(services: ProxyServices, api_key: str) -> FoundKey | None:
 
 async def rebind_key(services: ProxyServices, key: FoundKey, *, task: Any) -> str:
     """A new session that takes over an existing, unrevoked session key (AReaL's key reuse); returns its
-    id. A revoked key stays revoked: the update matches only an unrevoked row."""
+    id. A revoked key stays revoked: the update matches only an unrevoked row. 429 past admission
+    control's capacity."""
     session_id = new_session_id()
-    async with write_transaction(services.session_factory) as db:
-        db.add(Session(id=session_id, task=task, metadata_={},
-                       reward_hooks=reward_hooks(services, None, "session")))
-        await db.flush()
-        rebound = await db.execute(
-            update(ApiKey)
-            .where(ApiKey.id == key.id, ApiKey.scope == KeyScope.SESSION.value, ApiKey.revoked_at.is_(None))
-            .values(session_id=session_id)
-        )
-        if affected_rows(rebound) != 1:  # revoked meanwhile: the new session is rolled back with it
-            raise revoked_key_error()
+    with admission_control(services.config.admission, services.metrics, "session") as gate:
+        async with write_transaction(services.session_factory) as db:
+            if gate is not None:
+                await admit(db, 1, gate)
+            db.add(Session(id=session_id, task=task, metadata_={}, holds_slot=True,
+                           reward_hooks=reward_hooks(services, None, "session")))
+            await db.flush()
+            rebound = await db.execute(
+                update(ApiKey)
+                .where(ApiKey.id == key.id, ApiKey.scope == KeyScope.SESSION.value,
+                       ApiKey.revoked_at.is_(None))
+                .values(session_id=session_id)
+            )
+            if affected_rows(rebound) != 1:  # revoked meanwhile: the new session is rolled back with it
+                raise revoked_key_error()
     logger.info("session %s started on a reused key", session_id)
     return session_id
 

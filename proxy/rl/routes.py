@@ -4,7 +4,9 @@
 session (an ended session's key still works here, not for inference); an admin key does anything,
 including listing and revoking keys (`/rl/v1/keys`); users' feedback on completions arrives at
 `/rl/v1/feedback`. Bodies are JSON; a body that is not JSON is a 400, a wrong value (a non-numeric, NaN
-or infinite reward) a 422, and no refusal writes anything.
+or infinite reward) a 422, and no refusal writes anything. With `proxy.admission.enabled`, creating
+sessions (and groups) past admission control's capacity is a 429 with `Retry-After`
+(proxy/rl/admission.py).
 """
 
 from __future__ import annotations
