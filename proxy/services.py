@@ -118,6 +118,8 @@ class ProxyServices:
     """The reward hooks this proxy knows: what sessions may name, checked when they are created."""
     hook_runner: HookRunner | None
     """Runs reward hook jobs in this process (`rewards.runner.in_proxy`), else None."""
+    lora_adapter: str | None = None
+    """The LoRA adapter every generate request names (`serving.lora_adapter`), if any."""
     started_at: int = field(default_factory=lambda: int(time.time()))
     new_conversations: NewConversations = field(default_factory=NewConversations)
 
@@ -217,6 +219,7 @@ async def build_services(
         rewards=rewards,
         hooks=hooks,
         hook_runner=hook_runner,
+        lora_adapter=serving.lora_adapter,
     )
     logger.info(
         "proxy serving %s (context %d tokens) through %d worker(s): %s",

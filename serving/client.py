@@ -9,9 +9,10 @@ Retry rule (`serving.retry.retry_with_backoff`, `ClientConfig.max_retries`/`retr
 - a failure before any connection was made (refused, unresolvable, connect timeout) is retried on
   every route: the worker cannot have seen the request;
 - a connection that dropped after the request went out is retried only on routes that are safe to
-  repeat (GETs, pause/continue, flush, abort). `/generate` and `/update_weights_from_disk` are never
-  resent then, because the worker may already have run them (a duplicate generation would leave an
-  orphan completion behind; a duplicate weight load is a second, slow load);
+  repeat (GETs, pause/continue, flush, abort). `/generate` and the weight updates (from disk, the
+  distributed group's calls) are never resent then, because the worker may already have run them (a
+  duplicate generation would leave an orphan completion behind; a duplicate weight load is a second,
+  slow load);
 - a stream is never retried once its response headers have arrived.
 """
 
@@ -48,6 +49,7 @@ from serving.protocol import (
     iter_sse_data,
 )
 from serving.retry import retry_with_backoff
+from serving.weight_calls import WeightUpdateCalls
 
 __all__ = [  # the wire records are re-exported: callers import them from the client
     "GenerateInput",
@@ -113,7 +115,7 @@ def _map_client_error(exc: BaseException, url: str, path: str) -> WorkerError:
     return WorkerConnectionError(f"connection to {where} failed: {exc!r}", url=url, request_sent=True)
 
 
-class SGLangClient:
+class SGLangClient(WeightUpdateCalls):
     """Client of one worker at `base_url`. Cheap to build: many clients may share one session.
 
     Without a `session` the client makes (and on `close()` closes) its own, on first use.
@@ -252,28 +254,7 @@ class SGLangClient:
             return _http_error(status, str(error.get("message", error)), self.base_url, "/generate")
         return _http_error(500, str(error), self.base_url, "/generate")
 
-    # ---- weights and scheduling (admin routes) ---------------------------------------------------
-
-    async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: int | str | None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-    ) -> dict[str, Any]:
-        """Load new weights from a checkpoint directory; answers `{success, message, num_paused_requests}`.
-
-        SGLang waits for in-flight requests first unless generation is paused or
-        `abort_all_requests` is true. A failed load is an HTTP 400 (WorkerBadRequest).
-        """
-        body: dict[str, Any] = {
-            "model_path": model_path,
-            "flush_cache": flush_cache,
-            "abort_all_requests": abort_all_requests,
-        }
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
-        return await self._admin_json("/update_weights_from_disk", body, idempotent=False)
+    # ---- scheduling (admin routes; weight updates are in serving/weight_calls.py) -----------------------
 
     async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, Any]:
         """Pause the scheduler: `abort` returns in-flight requests with finish_reason abort, `retract`
@@ -326,6 +307,15 @@ class SGLangClient:
         result = self._decode(payload, self._model_info_path)
         if not isinstance(result, dict):
             raise WorkerProtocolError("model_info is not an object", url=self.base_url)
+        return result
+
+    async def server_info(self) -> dict[str, Any]:
+        """`GET /server_info`: the server's arguments (`tp_size`, …) and internal state."""
+        result = self._decode(
+            await self._request("GET", "/server_info", None, None, idempotent=True), "/server_info"
+        )
+        if not isinstance(result, dict):
+            raise WorkerProtocolError("server_info is not an object", url=self.base_url)
         return result
 
     async def health(self) -> bool:

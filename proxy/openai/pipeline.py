@@ -190,7 +190,7 @@ class CallContext:
         services = self.services
         return plan_generation(
             body, prompt_ids, services.tokenizer, services.config.default_max_tokens, session.id,
-            services.model_name, output, completion_ids, prompt_param,
+            services.model_name, output, completion_ids, prompt_param, services.lora_adapter,
         )
 
 

@@ -125,10 +125,12 @@ def plan_generation(
     body: SamplingRequest, prompt_ids: list[int], tokenizer: ChatTokenizer, default_max_tokens: int,
     session_id: str, served_model: str, output: OutputParser | None = None,
     completion_ids: tuple[str, ...] | None = None, prompt_param: str = "messages",
+    lora_adapter: str | None = None,
 ) -> GenerationPlan:
     """The worker request for `body` with its rendered prompt; 400 if the prompt leaves no room.
     `completion_ids` (one per choice) default to new `chatcmpl-` ids; `prompt_param` names the field a
-    too-long prompt came from."""
+    too-long prompt came from; `lora_adapter` (`serving.lora_adapter`) is the adapter the policy is served
+    as."""
     room = tokenizer.context_length - len(prompt_ids)
     if room < 1:
         raise context_length_error(tokenizer.context_length, len(prompt_ids), prompt_param)
@@ -164,6 +166,7 @@ def plan_generation(
         rid=completion_ids[0],
         return_logprob=True,
         top_logprobs_num=body.top_logprobs if body.wants_logprobs and body.top_logprobs else None,
+        lora_path=lora_adapter,
     )
     return GenerationPlan(
         response_id=completion_ids[0],

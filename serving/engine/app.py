@@ -20,8 +20,16 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.config import ServingConfig
+from serving.engine.distributed_weights import (
+    begin_weight_update,
+    destroy_weights_update_group,
+    end_weight_update,
+    init_weights_update_group,
+    update_weights_from_distributed,
+)
 from serving.engine.generate import ServingState, generate, health_generate
 from serving.engine.grammar import GrammarCache
+from serving.engine.lora import load_lora_adapter, unload_lora_adapter
 from serving.engine.metrics import EngineMetrics
 from serving.engine.protocol import MalformedRequest
 from serving.engine.replies import error_response, field, json_object, json_response
@@ -66,6 +74,13 @@ def create_engine_app(config: ServingConfig, loaded_model: LoadedModel, *, host:
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
     app.add_api_route("/update_weight_version", update_weight_version, methods=["POST"])
+    app.add_api_route("/init_weights_update_group", init_weights_update_group, methods=["POST"])
+    app.add_api_route("/begin_weight_update", begin_weight_update, methods=["POST"])
+    app.add_api_route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"])
+    app.add_api_route("/end_weight_update", end_weight_update, methods=["POST"])
+    app.add_api_route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"])
+    app.add_api_route("/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    app.add_api_route("/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
     app.add_api_route("/pause_generation", pause_generation, methods=["POST"])
     app.add_api_route("/continue_generation", continue_generation, methods=["POST"])
     app.add_api_route("/abort_request", abort_request, methods=["POST"])

@@ -13,7 +13,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ import xgrammar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from serving.engine.adapters import LoraAdapter
 from serving.engine.grammar import GrammarCache, SequenceGrammar
 from serving.engine.protocol import (
     BadRequest,
@@ -69,6 +70,8 @@ class ServingState:
     worker_index: int
     update_lock: asyncio.Lock
     grammars: GrammarCache
+    loras: dict[str, LoraAdapter] = field(default_factory=dict)
+    """The loaded LoRA adapters by name (`serving/engine/lora.py`); requests name one with `lora_path`."""
 
 
 async def generate(request: Request) -> Response:
@@ -166,7 +169,7 @@ def build_sequences(state: ServingState, planned: list[PlannedSequence], sink: S
                     grammars: dict[Constraint, xgrammar.CompiledGrammar] | None = None,
                     ) -> list[tuple[Sequence, SequenceView]]:
     """Tokenize, check lengths against the context, and make each sequence and its view (with a matcher
-    of its compiled grammar, from `grammars`, when it is constrained)."""
+    of its compiled grammar, from `grammars`, when it is constrained, and the LoRA adapter it names)."""
     tokenized: dict[str, list[int]] = {}
     pairs = []
     for index, plan in enumerate(planned):
@@ -180,10 +183,22 @@ def build_sequences(state: ServingState, planned: list[PlannedSequence], sink: S
         max_new_tokens = _max_new_tokens(state, plan, len(prompt_ids))
         constraint = plan.sampling.constraint
         grammar = SequenceGrammar((grammars or {})[constraint]) if constraint is not None else None
+        lora = _adapter(state, plan.lora_name)
         sequence = make_sequence(state, plan, prompt_ids, max_new_tokens,
-                                 state.engine.deliverer(sink, index), grammar)
+                                 state.engine.deliverer(sink, index), grammar, lora)
         pairs.append((sequence, SequenceView(plan, prompt_ids, state.tokenizer, as_list)))
     return pairs
+
+
+def _adapter(state: ServingState, name: str | None) -> LoraAdapter | None:
+    """The loaded adapter a request names (BadRequest, SGLang's message, for one not loaded)."""
+    if name is None:
+        return None
+    adapter = state.loras.get(name)
+    if adapter is None:
+        raise BadRequest(f"The following requested LoRA adapters are not loaded: {name}\n"
+                         f"Loaded adapters: {sorted(state.loras)}.")
+    return adapter
 
 
 def _max_new_tokens(state: ServingState, plan: PlannedSequence, prompt_len: int) -> int:
@@ -206,8 +221,8 @@ def _max_new_tokens(state: ServingState, plan: PlannedSequence, prompt_len: int)
 
 
 def make_sequence(state: ServingState, plan: PlannedSequence, prompt_ids: list[int], max_new_tokens: int,
-                  deliver: Callable[[SequenceUpdate], None], grammar: SequenceGrammar | None = None
-                  ) -> Sequence:
+                  deliver: Callable[[SequenceUpdate], None], grammar: SequenceGrammar | None = None,
+                  lora: LoraAdapter | None = None) -> Sequence:
     opts = plan.sampling
     stop_ids = frozenset() if opts.ignore_eos else opts.stop_token_ids | state.eos_token_ids
     window = max([len(state.tokenizer.encode(s, add_special_tokens=False)) for s in opts.stop_strs],
@@ -220,7 +235,7 @@ def make_sequence(state: ServingState, plan: PlannedSequence, prompt_ids: list[i
         generator = torch.Generator().manual_seed(seed)
     return Sequence(rid=plan.rid, prompt_ids=list(prompt_ids), options=opts, max_new_tokens=max_new_tokens,
                     stop_token_ids=stop_ids, stop_str_window=window, generator=generator,
-                    top_logprobs_num=plan.top_logprobs_num, deliver=deliver, grammar=grammar)
+                    top_logprobs_num=plan.top_logprobs_num, deliver=deliver, grammar=grammar, lora=lora)
 
 
 async def health_generate(request: Request) -> Response:

@@ -74,13 +74,14 @@ class GenerateWire(msgspec.Struct):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool | None = None
     return_prompt_token_ids: bool = False
+    lora_path: str | list[str | None] | None = None
+    """The name of a loaded LoRA adapter (`/load_lora_adapter`), or one per input of a batch."""
     # Accepted by SGLang, not served by the CPU engine: refused when set (see UNSUPPORTED_FIELDS).
     token_ids_logprob: Any = None
     return_hidden_states: Any = None
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
-    lora_path: Any = None
     session_params: Any = None
     custom_logit_processor: Any = None
     return_sampling_mask: Any = None
@@ -89,8 +90,8 @@ class GenerateWire(msgspec.Struct):
 
 
 UNSUPPORTED_FIELDS = (
-    "token_ids_logprob", "return_hidden_states", "image_data", "video_data", "audio_data", "lora_path",
-    "session_params", "custom_logit_processor", "return_sampling_mask", "max_thinking_tokens", "session_id",
+    "token_ids_logprob", "return_hidden_states", "image_data", "video_data", "audio_data", "session_params",
+    "custom_logit_processor", "return_sampling_mask", "max_thinking_tokens", "session_id",
 )
 
 
@@ -147,6 +148,8 @@ class PlannedSequence:
     top_logprobs_num: int
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
+    lora_name: str | None = None
+    """The loaded LoRA adapter to generate with; None: the base model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +208,7 @@ def plan_generate(wire: GenerateWire, *, vocab_size: int) -> GeneratePlan:
     rids = _rids(wire.rid, batch, n, as_list)
     return_logprob = _per_input(wire.return_logprob, batch, "return_logprob")
     top_logprobs = _per_input(wire.top_logprobs_num, batch, "top_logprobs_num")
+    loras = _per_input(wire.lora_path, batch, "lora_path")
     sequences: list[PlannedSequence] = []
     for i, (text, ids) in enumerate(prompts):
         top_n = top_logprobs[i] or 0
@@ -218,7 +222,7 @@ def plan_generate(wire: GenerateWire, *, vocab_size: int) -> GeneratePlan:
                 seed=None if seed is None else seed + j,
                 return_logprob=bool(return_logprob[i]), top_logprobs_num=top_n,
                 return_text_in_logprobs=bool(wire.return_text_in_logprobs),
-                return_prompt_token_ids=wire.return_prompt_token_ids,
+                return_prompt_token_ids=wire.return_prompt_token_ids, lora_name=loras[i] or None,
             ))
     return GeneratePlan(sequences=sequences, stream=bool(wire.stream), as_list=as_list)
 

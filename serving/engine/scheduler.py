@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import torch
 
+from serving.engine.adapters import LoraAdapter, LoraLayers
 from serving.engine.batch import HEADROOM, PaddedBatch, PaddedKVCache, merge, prefill_inputs, prefilled_batch
 from serving.engine.grammar import token_bitmasks
 from serving.engine.metrics import EngineMetrics
@@ -67,6 +68,7 @@ class Engine:
         """When the decode thread last produced tokens (for /health_generate)."""
         self._model = model
         self._dtype = next(model.parameters()).dtype
+        self._lora = LoraLayers(model)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
         self._retracted: list[Sequence] = []
@@ -120,6 +122,10 @@ class Engine:
 
     async def set_weight_version(self, version: str, abort_all: bool) -> None:
         await self._call(lambda: self._set_version(version, abort_all))
+
+    async def install_adapter(self, adapter: LoraAdapter) -> None:
+        """Hook the layers `adapter` targets, on the decode thread (between two steps)."""
+        await self._call(lambda: self._lora.install(adapter))
 
     async def swap_weights(self, load: Callable[[torch.nn.Module], None], version: str | None,
                            abort_all: bool) -> SwapResult:
@@ -220,7 +226,7 @@ class Engine:
         input_ids, positions, mask, row_mask = prefill_inputs(prompts, self._dtype)
         cache = PaddedKVCache(len(group), input_ids.shape[1] + HEADROOM)
         self._rows.extend(group)  # so a failure below aborts them too
-        logits = self._forward(input_ids, positions, mask, cache)
+        logits = self._forward(input_ids, positions, mask, cache, group)
         cache.length = input_ids.shape[1]
         tokens = self._sample(logits, group)
         self.metrics.observe_prefill(len(group))
@@ -230,16 +236,17 @@ class Engine:
     def _step(self) -> None:
         assert self._batch is not None
         input_ids, positions, mask = self._batch.decode_inputs()
-        logits = self._forward(input_ids, positions, mask, self._batch.cache)
+        logits = self._forward(input_ids, positions, mask, self._batch.cache, self._rows)
         tokens = self._sample(logits, self._rows)
         self._batch.advance(tokens)
         self.metrics.observe_step(len(tokens), len(tokens))
         self._retire()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                 cache: PaddedKVCache) -> torch.Tensor:
-        out = self._model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+                 cache: PaddedKVCache, rows: list[Sequence]) -> torch.Tensor:
+        with self._lora.rows([seq.lora for seq in rows]):  # each row with its own adapter, if any
+            out = self._model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]  # (B, V)
 
     def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> list[int]:

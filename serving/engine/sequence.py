@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from serving.engine.adapters import LoraAdapter
 from serving.engine.grammar import SequenceGrammar
 from serving.engine.protocol import SamplingOptions
 
@@ -54,6 +55,9 @@ class Sequence:
     """Called with each SequenceUpdate, from the decode thread (it hops to the event loop)."""
     grammar: SequenceGrammar | None = None
     """The request's constraint, matched over this sequence's output (each of `n` samples has its own)."""
+    lora: LoraAdapter | None = None
+    """The LoRA adapter the request named, held for the sequence's whole life (an unload or a newer
+    adapter of the same name changes only later requests, as in SGLang); None: the base model."""
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     version_events: list[tuple[str, int]] = field(default_factory=list)
