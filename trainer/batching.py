@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -45,6 +45,18 @@ class TrainBatch:
     def num_tokens(self) -> int:
         """Trained (masked-in) tokens."""
         return int(self.loss_mask.sum())
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of each row, padding excluded."""
+        return [int(n) for n in _lengths(self.versions)]
+
+    def to(self, device: torch.device) -> TrainBatch:
+        """The same batch with its tensors on `device` (itself when they are there already)."""
+        if self.input_ids.device == device:
+            return self
+        fields = ("input_ids", "targets", "loss_mask", "behave_logprobs", "versions", "rewards")
+        return replace(self, **{name: getattr(self, name).to(device) for name in (*fields, "temperatures")})
 
     def select(self, rows: Sequence[int] | Tensor) -> TrainBatch:
         """The sub-batch of `rows`, with padding trimmed to its own longest sequence."""

@@ -3,13 +3,11 @@ optimisation and claiming of samples, checkpoints, weight pushes and Ray placeme
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.algos.advantages import ADVANTAGE_FNS
 from trainer.algos.config import (
     AdvantageConfig,
     DrGRPOAdvantageConfig,
@@ -21,16 +19,17 @@ from trainer.algos.config import (
     RLOOAdvantageConfig,
     UngroupedBaselineConfig,
 )
-from trainer.algos.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 
 __all__ = [
     "AdvantageConfig",
     "AlgorithmConfig",
+    "DistributedWeightsConfig",
     "DrGRPOAdvantageConfig",
     "GRPOAdvantageConfig",
     "IcePopConfig",
     "KLConfig",
     "KPopConfig",
+    "LoraConfig",
     "LossConfig",
     "PromotionConfig",
     "RLOOAdvantageConfig",
@@ -38,7 +37,6 @@ __all__ = [
     "TrainerConfig",
     "UngroupedBaselineConfig",
     "WeightPushConfig",
-    "check_registries",
 ]
 
 
@@ -46,28 +44,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _literal_values(model: type[BaseModel], field: str) -> set[str]:
-    return set(get_args(model.model_fields[field].annotation))
-
-
-def _check_registry(name: str, kinds: set[str], registry: Mapping[str, object]) -> None:
-    missing = kinds - set(registry)
-    if missing:
-        raise ValueError(f"no {name} registered for {sorted(missing)}; registered: {sorted(registry)}")
-
-
-def check_registries() -> None:
-    """Every kind a config can name has a function behind it; raise ValueError naming the gaps."""
-    advantage_models = get_args(get_args(AdvantageConfig)[0])  # the union's members
-    advantage_kinds = set().union(*(_literal_values(m, "kind") for m in advantage_models))
-    _check_registry("advantage estimator", advantage_kinds, ADVANTAGE_FNS)
-    _check_registry("ratio level", _literal_values(LossConfig, "ratio_level"), RATIO_LEVELS)
-    _check_registry("loss aggregation", _literal_values(LossConfig, "aggregation"), AGGREGATIONS)
-    _check_registry("KL estimator", _literal_values(KLConfig, "estimator"), KL_ESTIMATORS)
-
-
 class AlgorithmConfig(_Strict):
-    """The RL algorithm: advantage estimator and policy loss. Validating it checks the registries."""
+    """The RL algorithm: advantage estimator and policy loss (the policy checks at start-up that every kind
+    has a function registered: trainer/algos/registries.py)."""
 
     advantage: AdvantageConfig = Field(default_factory=GRPOAdvantageConfig)
     """Group baseline for rewards → advantages."""
@@ -76,29 +55,79 @@ class AlgorithmConfig(_Strict):
     ungrouped: UngroupedBaselineConfig = Field(default_factory=UngroupedBaselineConfig)
     """The baseline of samples that have no group."""
 
-    @model_validator(mode="after")
-    def _registries_cover_kinds(self) -> AlgorithmConfig:
-        check_registries()
-        return self
-
 
 class RayConfig(_Strict):
-    """Where the trainer's Ray actors run."""
+    """Where the trainer's Ray actors run: one policy actor, or `num_workers` data-parallel ranks
+    (`trainer/distributed/`, docs/architecture.md, "Data-parallel training").
+
+    On a cluster of several machines, paths the ranks and the driver share must be on a filesystem every
+    node mounts at the same path: the checkpoint directory (`trainer.checkpoint_dir`: rank 0 writes it,
+    every rank reads it back when resuming or going back to the best version, and the workers read it with
+    the disk weight push) and the run directory; the model directory must exist on every node. Without a
+    shared filesystem, use `trainer.weights.strategy = "distributed"` to reach the workers; checkpoints are
+    then written by rank 0 on its own node, and a resume needs that checkpoint copied to the same path on
+    every rank's node first."""
 
     address: str | None = None
-    """An existing cluster (`ray://…` or `auto`); None starts a local Ray instance for this process."""
+    """An existing cluster to join (`host:port` of its head, `ray://…` or `auto`); None starts a local
+    Ray instance for this process."""
     temp_dir: Path | None = None
     """Ray's session directory for a local instance (keep it short: Unix socket paths are limited to
     107 bytes); None uses Ray's default under /tmp."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs a local instance may schedule; None lets Ray count them."""
     actor_num_cpus: float = Field(1.0, gt=0)
-    """CPUs reserved for the policy actor (a scheduling reservation; torch threads are `num_threads`)."""
+    """CPUs reserved for the policy actor, or for each rank (a scheduling reservation; torch threads are
+    `num_threads`)."""
+    num_workers: int = Field(1, ge=1)
+    """Training ranks. 1 is one policy actor; more start that many ranks in a placement group, each a
+    torch.distributed rank training its share of every minibatch in DistributedDataParallel: the update
+    equals one actor's on the same batch."""
+    actor_num_gpus: int = Field(0, ge=0, le=1)
+    """GPUs per rank: 1 trains each rank on a GPU of its own with the NCCL backend (even with one rank);
+    0 trains on CPU, over gloo when there are several ranks."""
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """How the ranks' bundles spread over the cluster's nodes (Ray placement group strategies): PACK on
+    as few nodes as fit, SPREAD over as many as possible, STRICT_ variants fail rather than bend."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait for the cluster to have room for every rank before failing."""
+    collective_timeout_s: float = Field(1800.0, gt=0)
+    """How long a rank waits for the others, at the rendezvous or any collective, before failing."""
+
+
+class DistributedWeightsConfig(_Strict):
+    """The weight-update process group of `strategy: distributed` (trainer/weights/distributed.py): the
+    policy actor is its rank 0 and hosts its store; every worker joins it."""
+
+    master_address: str | None = None
+    """The address the workers reach the policy actor at; None: the actor machine's own address on the
+    route to the first worker (the loopback address when the workers are on loopback)."""
+    master_port: int | None = Field(None, ge=1, le=65535)
+    """The port of the group's store on the actor's machine; None: one free there, drawn each time the
+    group is made."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """`auto`: NCCL when the policy actor sees a GPU, else gloo. The CPU engine takes gloo only."""
+    bucket_mb: float = Field(512.0, gt=0)
+    """Most tensor bytes (MiB) per `/update_weights_from_distributed` call: each bucket is read from the
+    checkpoint and broadcast on its own, so this bounds the memory a bucket takes on each side."""
+    group_name: str = Field("flywheel-weights", min_length=1)
+    """The group's name on the workers (a worker is in one group of a name at a time)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """How long the policy actor waits for every worker to join the group, and for a broadcast to
+    complete, before the push fails."""
 
 
 class WeightPushConfig(_Strict):
-    """How a new checkpoint reaches the serving workers (`/update_weights_from_disk` on every worker)."""
+    """How a new version reaches the serving workers: a checkpoint every worker reads
+    (`/update_weights_from_disk`), or tensors broadcast over a process group."""
 
+    strategy: Literal["disk", "distributed"] = "disk"
+    """`disk`: each worker reads the version's checkpoint itself, so the checkpoint directory must be on a
+    filesystem the workers share with the trainer. `distributed`: the policy actor broadcasts the
+    checkpoint's tensors to every worker (SGLang's `/update_weights_from_distributed`; options in
+    `distributed`), for workers on other machines with no shared filesystem."""
+    distributed: DistributedWeightsConfig = Field(default_factory=DistributedWeightsConfig)
+    """The process group of the `distributed` strategy."""
     pause_mode: Literal["in_place", "retract", "abort"] | None = "abort"
     """Pause generation with this mode before the update and continue after it.
 
@@ -127,6 +156,25 @@ class PromotionConfig(_Strict):
     """And, when above 0, when it scores higher than the best version on at least this many eval items."""
 
 
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Llama, Qwen and Mistral style models."""
+
+
+class LoraConfig(_Strict):
+    """LoRA training (`trainer/lora.py`): the base weights stay frozen and only a low-rank adapter on
+    `target_modules` is trained. Checkpoints then hold the adapter alone, and the workers load each
+    version with `/load_lora_adapter` under `serving.lora_adapter` (`trainer/weights/lora.py`). There is
+    no dropout: the policy runs in eval mode, so that its logprobs are the sampler's."""
+
+    rank: int = Field(8, ge=1)
+    """r: the adapter's rank. With SGLang workers, `--max-lora-rank` must be at least this."""
+    alpha: int = Field(16, ge=1)
+    """lora_alpha: the adapter's output is scaled by alpha / rank."""
+    target_modules: tuple[str, ...] = Field(LORA_TARGET_MODULES, min_length=1)
+    """Names (last component) of the linear layers that get an adapter. With SGLang workers,
+    `--lora-target-modules` must include them."""
+
+
 class TrainerConfig(_Strict):
     """The asynchronous RL trainer: which samples it claims, how it optimises, where checkpoints go."""
 
@@ -152,6 +200,10 @@ class TrainerConfig(_Strict):
     """Trajectories per forward/backward; gradients accumulate over micro-batches, each weighted by its
     share of the minibatch's aggregation denominator (its masked tokens for token_mean), so the update
     equals one pass over the whole minibatch. None = the whole minibatch in one pass."""
+    micro_batch_tokens: int | None = Field(None, ge=2)
+    """Padded tokens per forward/backward: a rank's rows, longest first, are packed into micro-batches of
+    at most this many rows × longest row (and at most `micro_batch_size` rows when that is set too); a
+    row longer than this goes alone. Accumulation weights as for `micro_batch_size`. None = no limit."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each claimed batch."""
     minibatches: int = Field(1, ge=1)
@@ -165,21 +217,49 @@ class TrainerConfig(_Strict):
     claim_lease_s: float = Field(600.0, gt=0)
     """A claim older than this may be taken over by another trainer (this one is presumed dead)."""
     checkpoint_dir: Path | None = None
-    """Where checkpoints (one full model directory per version) go; None = `<run dir>/checkpoints`."""
+    """Where checkpoints (one full model directory per version, with the trainer state a resume needs)
+    go; None = `<run dir>/checkpoints`. It also holds `.claim-token`, the claim of the step in flight,
+    which a restart gives back."""
     keep_checkpoints: int | None = Field(3, ge=1)
     """Newest checkpoints kept on disk (older ones are deleted after their successor is recorded);
     None keeps all. The served version, the best version and candidates being evaluated are always
-    kept as well."""
+    kept as well. The trainer state (optimiser moments, baselines, generators: about twice the weights
+    again) is kept only in the checkpoints training may go on from, the newest (the version trained on
+    from), the best and candidates; other kept checkpoints stay servable but cannot be resumed from
+    exactly."""
     num_threads: int | None = Field(None, ge=1)
     """torch threads in the policy actor; None keeps torch's default. Use 1 when the engine and the
     trainer share 2 cores."""
     seed: int = 0
-    """Seed of torch's generator in the policy actor."""
+    """Seed of the policy actor's generators (torch's, the minibatch shuffle's, Python's `random`,
+    numpy's); a resume restores their saved states instead."""
     weights: WeightPushConfig = Field(default_factory=WeightPushConfig)
     """How new weights reach the workers."""
+    lora: LoraConfig | None = None
+    """Train a LoRA adapter instead of every weight; None = full fine-tuning."""
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     """Whether a new version must pass an evaluation before it is served."""
     worker_wait_s: float = Field(600.0, ge=0)
     """At start, how long to wait for every worker's /health (they may still be loading the model)."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """Ray cluster and actor placement."""
+
+    @model_validator(mode="after")
+    def _lora_pushes_can_work(self) -> TrainerConfig:
+        """A LoRA push unloads the served adapter before loading the next, and SGLang's unload waits for
+        every request using it: in-flight requests must end at the pause (`abort`), or the push would wait
+        on requests that a pause holds. Eval-gated promotion loads full checkpoints on its eval worker."""
+        if self.lora is None:
+            return self
+        if self.weights.pause_mode != "abort":
+            raise ValueError(
+                f"trainer.lora needs trainer.weights.pause_mode = abort, not {self.weights.pause_mode!r}"
+            )
+        if self.promotion.enabled:
+            raise ValueError("trainer.lora cannot be combined with trainer.promotion (full checkpoints only)")
+        if self.weights.strategy == "distributed":
+            raise ValueError(
+                "trainer.weights.strategy=distributed sends whole models, and LoRA training pushes adapters: "
+                "leave the strategy at disk with trainer.lora"
+            )
+        return self

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,13 @@ from storage.policy_versions import (
     settle,
 )
 from storage.records import ClaimedBatch, StepRecord, TrainingSample
-from trainer.checkpoint import prune_checkpoints
+from trainer.checkpoint import (
+    discard_unrecorded,
+    forget_claim,
+    prune_checkpoints,
+    remember_claim,
+    remembered_claim,
+)
 from trainer.config import TrainerConfig
 from trainer.monitor import Monitor, finite_metrics
 from trainer.promotion import CandidateGate, decide
@@ -50,7 +57,7 @@ class PolicyHandle(Protocol):
     async def train_step(
         self, samples: Sequence[TrainingSample], current_version: int
     ) -> dict[str, float]: ...
-    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str: ...
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = True) -> str: ...
     async def load(self, checkpoint_path: str) -> None: ...
     async def model_dir(self) -> str: ...
 
@@ -81,35 +88,52 @@ class Driver:
         self._monitor = monitor
         self._gate = gate
         self._newest = 0
+        self._dropped = 0  # samples the claims dropped as older than η since the last recorded step
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
         """Train until done or stopped; returns the version training goes on from (the last recorded one;
         with a gate, the last promoted one or the best)."""
         config = self._config
         version = await self.resume()
+        claim_token = None
         while not (stop is not None and stop.is_set()) and not self._done():
+            if claim_token is None:  # noted before the claim: a restart gives it back wherever this died
+                claim_token = str(uuid.uuid4())
+                remember_claim(self._checkpoint_dir, claim_token)
             batch = await claim_batch(
                 self._db,
                 config.batch_size,
                 version,
                 config.max_head_offpolicyness,
                 lease_s=config.claim_lease_s,
+                drop_stale=True,
+                claim_token=claim_token,
             )
+            self._dropped += batch.dropped
             if not batch.samples:
                 await _sleep(config.poll_interval_s, stop)
                 continue
+            claim_token = None
             version = await self._step(batch, version)
+            forget_claim(self._checkpoint_dir)  # consumed
         return version
 
     async def resume(self) -> int:
         """The version to train from: the last recorded one (with a gate: the best promoted one, after
-        settling candidates a stopped run left unevaluated). Its checkpoint goes into the actor; the served
-        version goes to any worker serving something else (a worker restarted, or one that loaded a step
-        that was never recorded)."""
+        settling candidates a stopped run left unevaluated). Its checkpoint (weights and trainer state) goes
+        into the actor, so the next step is the one an uninterrupted run would take; the served version
+        goes to any worker serving something else (a worker restarted, or one that loaded a step that was
+        never recorded).
+
+        What a step that died left behind is undone first: the samples it claimed are given back at once
+        (not when the claim's lease ends), a checkpoint of a version never recorded is discarded, and
+        workers it left paused in a push continue."""
+        await self._give_back_dead_claim()
         model_dir = await self._policy.model_dir()
         if self._gate is not None:
             await self._settle_leftovers(model_dir)
         self._newest = max(await next_version(self._db) - 1, 0)
+        discard_unrecorded(self._checkpoint_dir, self._newest)
         best = await best_version(self._db)
         version = 0 if best is None else best.version
         if version > 0 and best is not None:
@@ -122,14 +146,33 @@ class Driver:
         logger.info("trainer at policy version %d, serving %s", version, served and served.version)
         return version
 
+    async def _give_back_dead_claim(self) -> None:
+        """Release the claim of the step in flight when the trainer last stopped: a step that finished
+        consumed it (nothing is released), one that died still holds it."""
+        token = remembered_claim(self._checkpoint_dir)
+        if token is None:
+            return
+        released = await release_claim(self._db, token)
+        forget_claim(self._checkpoint_dir)
+        if released:
+            logger.warning("gave back %d trajectories claimed by a step that never finished", released)
+
+    async def _resumable(self, version: int) -> set[int]:
+        """Versions training may go on from, whose checkpoints keep their trainer state: `version`, the
+        best version (a rejected candidate goes back to it) and candidates waiting for a verdict."""
+        best = await best_version(self._db)
+        waiting = {info.version for info in await candidates(self._db)}
+        return waiting | {version} | ({best.version} if best is not None else set())
+
     async def _step(self, batch: ClaimedBatch, version: int) -> int:
         new_version = await next_version(self._db)
         gated = self._gate is not None
         started = time.perf_counter()
         try:
             stats = await self._policy.train_step(batch.samples, version)
+            stats["staleness/dropped"] = float(self._dropped)
             saved = time.perf_counter()
-            path = await self._policy.save(str(self._checkpoint_dir), new_version, gated)
+            path = await self._policy.save(str(self._checkpoint_dir), new_version, with_state=True)
             stats["perf/save_s"] = time.perf_counter() - saved
             if not gated:
                 stats["perf/push_s"] = await self._sync.push(self._clients, path, new_version)
@@ -145,6 +188,7 @@ class Driver:
                 candidate=gated,
             )
             await record_step(self._db, record, batch.claim_token, batch.ids)
+            self._dropped = 0
         except BaseException:
             released = await release_claim(self._db, batch.claim_token)
             logger.exception(
@@ -161,7 +205,8 @@ class Driver:
         else:
             version = new_version
         protect = await protected_versions(self._db) | {version, new_version}
-        prune_checkpoints(self._checkpoint_dir, self._config.keep_checkpoints, protect=protect)
+        resumable = await self._resumable(version)
+        prune_checkpoints(self._checkpoint_dir, self._config.keep_checkpoints, protect, resumable)
         return version
 
     async def _judge(self, candidate: int, path: str) -> int:
@@ -220,6 +265,8 @@ class Driver:
                 path,
             )
             await self._sync.push(behind, path, version)
+        if self._config.weights.pause_mode is not None:  # a push that died may have left them paused
+            await asyncio.gather(*(c.continue_generation() for c in self._clients if c not in behind))
 
     def _done(self) -> bool:
         return self._config.total_steps is not None and self._newest >= self._config.total_steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -13,16 +14,19 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-from serving.client import WorkerPool
+from serving.client import SGLangClient, WorkerPool
 from serving.config import ServingConfig
 from storage.config import StorageConfig
 from storage.engine import create_engine, create_sessionmaker
 from storage.records import TrainingSample
 from trainer.config import RayConfig, TrainerConfig
-from trainer.driver import Driver
+from trainer.distributed.handle import DistributedPolicy, start_distributed_policy
+from trainer.driver import Driver, PolicyHandle
 from trainer.monitor import Monitor
 from trainer.policy import Policy
 from trainer.promotion import CandidateGate
+from trainer.weights.distributed import DistributedSync
+from trainer.weights.lora import LoraSync
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ GateFactory = Callable[[], AbstractAsyncContextManager[CandidateGate]]
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
+INITIAL_ADAPTER_DIR = "initial-adapter"
+"""Under the checkpoint directory: LoRA training's version-0 adapter (`trainer/weights/lora.py`)."""
 
 
 class RemotePolicy:
@@ -51,16 +57,25 @@ class RemotePolicy:
     async def model_dir(self) -> str:
         return await self.actor.model_dir.remote()
 
+    async def call_rank0(self, method: str, *args: Any) -> Any:
+        """Call the policy method `method` with `args` (the one actor is rank 0)."""
+        return await getattr(self.actor, method).remote(*args)
+
     def kill(self) -> None:
         import ray
 
         ray.kill(self.actor)
 
 
-def start_policy(model: str, config: TrainerConfig, cache_dir: Path | None = None) -> RemotePolicy:
-    """Create the policy actor (Ray must be initialised); its model loads in the actor's process."""
+def start_policy(
+    model: str, config: TrainerConfig, cache_dir: Path | None = None
+) -> RemotePolicy | DistributedPolicy:
+    """Create the policy actor, or with `trainer.ray.num_workers` > 1 (or GPU ranks) the data-parallel
+    ranks (Ray must be initialised); models load in the actors' processes."""
     import ray
 
+    if config.ray.num_workers > 1 or config.ray.actor_num_gpus:
+        return start_distributed_policy(model, config, cache_dir)
     actor_class = ray.remote(num_cpus=config.ray.actor_num_cpus, max_restarts=0)(Policy)
     return RemotePolicy(actor_class.remote(model, config, cache_dir))
 
@@ -104,19 +119,58 @@ async def train(
             gate() if gate is not None else contextlib.nullcontext() as opened_gate,
         ):
             await asyncio.gather(*(c.wait_until_healthy(config.worker_wait_s) for c in pool.clients))
+            checkpoint_dir = config.checkpoint_dir or run_dir / CHECKPOINTS_DIR
+            distributed = distributed_sync(config, policy)
+            lora = await lora_sync(config, serving_config, policy, checkpoint_dir, pool.clients)
             driver = Driver(
                 config,
                 create_sessionmaker(engine),
                 policy,
                 pool.clients,
-                config.checkpoint_dir or run_dir / CHECKPOINTS_DIR,
+                checkpoint_dir,
                 Monitor(run_dir / METRICS_FILE),
                 gate=opened_gate,
+                sync=lora or distributed,
             )
-            return await driver.run(stop)
+            try:
+                return await driver.run(stop)
+            finally:
+                if distributed is not None:
+                    await distributed.close()
     finally:
         policy.kill()
         await engine.dispose()
+
+
+async def lora_sync(
+    config: TrainerConfig,
+    serving_config: ServingConfig,
+    policy: PolicyHandle,
+    checkpoint_dir: Path,
+    clients: Sequence[SGLangClient],
+) -> LoraSync | None:
+    """With `trainer.lora`, the adapter push: the fresh policy's adapter is saved as version 0 and loaded on
+    the workers still at version 0; else None (the driver's default push)."""
+    if config.lora is None:
+        return None
+    if serving_config.lora_adapter is None:
+        raise ValueError("trainer.lora needs serving.lora_adapter: the name the workers serve the adapter as")
+    initial_dir = checkpoint_dir / INITIAL_ADAPTER_DIR
+    shutil.rmtree(initial_dir, ignore_errors=True)  # an earlier start's: B = 0 too, but maybe other shapes
+    initial = await policy.save(str(initial_dir), 0, False)
+    sync = LoraSync(config.weights, serving_config.lora_adapter, initial)
+    await sync.prepare(clients)
+    return sync
+
+
+def distributed_sync(
+    config: TrainerConfig, policy: RemotePolicy | DistributedPolicy
+) -> DistributedSync | None:
+    """With `trainer.weights.strategy: distributed`, the push over a weight-update group whose rank 0 is the
+    policy actor (rank 0 of the data-parallel ranks); else None."""
+    if config.weights.strategy != "distributed":
+        return None
+    return DistributedSync(config.weights, policy)
 
 
 def run_trainer(

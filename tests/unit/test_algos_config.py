@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
 from trainer.algos import advantages, losses
+from trainer.algos.registries import check_registries
 from trainer.config import AlgorithmConfig, DrGRPOAdvantageConfig, LossConfig, RLOOAdvantageConfig
 
 
@@ -56,7 +60,14 @@ def test_nested_options_parse() -> None:
 def test_a_kind_without_a_registered_function_fails_at_start_up(
     registry: dict, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    AlgorithmConfig()
+    check_registries()
     monkeypatch.delitem(registry, kind)
     with pytest.raises(ValueError, match=kind):
-        AlgorithmConfig()
+        check_registries()
+
+
+def test_reading_a_config_does_not_load_torch() -> None:
+    """The CLI and the proxy read the whole config; only the trainer and the engine need torch."""
+    code = "import sys, flywheel.config; flywheel.config.FlywheelConfig(); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

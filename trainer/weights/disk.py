@@ -41,13 +41,13 @@ async def push_weights(
     label = weight_version_label(version)
     try:
         if config.pause_mode is not None:
-            await _on_all(clients, "pause", [c.pause_generation(config.pause_mode) for c in clients])
+            await on_all_workers(clients, "pause", [c.pause_generation(config.pause_mode) for c in clients])
         flush = config.flush_cache
         loads = [c.update_weights_from_disk(checkpoint_path, label, flush_cache=flush) for c in clients]
-        await _on_all(clients, f"loading {checkpoint_path} as version {label}", loads)
+        await on_all_workers(clients, f"loading {checkpoint_path} as version {label}", loads)
     finally:
         if config.pause_mode is not None:  # also after a failed pause: continuing is harmless
-            await _on_all(clients, "continue", [c.continue_generation() for c in clients])
+            await on_all_workers(clients, "continue", [c.continue_generation() for c in clients])
     elapsed = time.perf_counter() - started
     logger.info(
         "pushed %s as version %s to %d worker(s) in %.2f s", checkpoint_path, label, len(clients), elapsed
@@ -55,22 +55,32 @@ async def push_weights(
     return elapsed
 
 
-async def _on_all(
+async def on_all_workers(
     clients: Sequence[SGLangClient], what: str, calls: Sequence[Awaitable[dict[str, Any]]]
 ) -> None:
+    """Await `calls`, one per worker of `clients`, all at once; raise WeightPushError naming every worker
+    whose call failed or answered `success: false` (`what` says what was asked of them)."""
     results = await asyncio.gather(*calls, return_exceptions=True)
-    failures = []
-    for client, result in zip(clients, results, strict=True):
-        if isinstance(result, BaseException):
-            if not isinstance(result, Exception):
-                raise result  # cancellation, KeyboardInterrupt: not a worker's answer
-            failures.append(f"{client.base_url}: {result}")
-        elif result.get("success") is False:
-            failures.append(f"{client.base_url}: {result.get('message', result)}")
+    failures = failed_parties([c.base_url for c in clients], results)
     if failures:
         raise WeightPushError(
             f"{what} failed on {len(failures)} of {len(clients)} worker(s): " + "; ".join(failures)
         )
+
+
+def failed_parties(parties: Sequence[str], results: Sequence[Any]) -> list[str]:
+    """`party: message` for each of `parties` whose result (from `asyncio.gather(...,
+    return_exceptions=True)`) is an exception or a `success: false` answer. Cancellation and other
+    BaseExceptions are not a party's answer: they are raised."""
+    failures = []
+    for party, result in zip(parties, results, strict=True):
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result
+            failures.append(f"{party}: {result}")
+        elif isinstance(result, dict) and result.get("success") is False:
+            failures.append(f"{party}: {result.get('message', result)}")
+    return failures
 
 
 async def served_versions(clients: Sequence[SGLangClient]) -> dict[str, str]:
