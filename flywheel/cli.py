@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from flywheel.config import ONLINE_OVERRIDES, ConfigError, FlywheelConfig, load_config
+from flywheel.export import add_export_parser, run_export
 from flywheel.openclaw_cli import add_openclaw_parser, run_openclaw
+from flywheel.ops_cli import add_ops_parsers, run_sessions, run_status
 from rewards.hooks.adapters import HookConfigError
 from storage.config import StorageSetupError
 
@@ -87,8 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     command("config", "print the resolved config as YAML")
     openclaw = command("openclaw", "OpenClaw: point its config at this proxy")
     openclaw_actions = add_openclaw_parser(openclaw)
-    for sub in [*commands.choices.values(), *key_actions.choices.values(), *openclaw_actions]:
-        if sub not in (keys, openclaw):  # `keys ACTION`: the overrides follow the action
+    session_actions = add_ops_parsers(command)  # status, sessions list|show
+    add_export_parser(command)
+    nested = [*key_actions.choices.values(), *openclaw_actions, *session_actions]
+    for sub in [*commands.choices.values(), *nested]:
+        if sub not in (keys, openclaw, commands.choices["sessions"]):  # `keys ACTION`: after the action
             sub.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser
 
@@ -356,6 +361,9 @@ _HANDLERS = {
     "db": _run_db,
     "config": _print_config,
     "openclaw": _run_openclaw,
+    "status": run_status,
+    "sessions": run_sessions,
+    "export": run_export,
 }
 
 
