@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import tempfile
@@ -28,9 +29,13 @@ ENGINE_PORTS = 3
 def free_port_block(count: int) -> int:
     """A port p such that p … p + count - 1 are all free now. Engines listen on consecutive ports
     (`serving.port + i`), and a single free port's neighbour is often some connection's local port, so
-    the block is drawn below the range the OS takes local ports from (32768 and up on Linux)."""
+    the block is drawn below the range the OS takes local ports from (32768 and up on Linux), from a
+    slice of it of each xdist worker's own, so that stacks of tests running side by side, which probe
+    their ports seconds before binding them, never draw the same ones."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = 20_000 + (int(worker) % 4 if worker.isdigit() else 0) * 3_000
     while True:
-        base = random.randrange(20_000, 32_000)
+        base = random.randrange(low, low + 3_000 - count)
         try:
             for port in range(base, base + count):
                 with socket.socket() as probe:
