@@ -24,7 +24,7 @@ from proxy.anthropic.schemas import CountTokensRequest, MessagesRequest
 from proxy.anthropic.stream import MESSAGE_STOP, MessagesStream
 from proxy.anthropic.translate import chat_request, template_request
 from proxy.auth import require_principal
-from proxy.openai.chat import output_parser
+from proxy.openai.chat import plan_chat
 from proxy.openai.pipeline import CallContext, Part, PlannedCall
 from proxy.openai.request_body import parsed_body
 from proxy.openai.schemas import ChatCompletionRequest
@@ -48,16 +48,10 @@ class MessagesApi:
         services = call.services
         translation = await call.prepare(lambda: chat_request(body, request_json))
         chat = translation.chat
-        messages, tools = await call.prepare(chat.template_input)  # once: several steps read them
-        session = await call.conversation_session(messages, tools)
-        conversation = await call.prompt(session, messages, tools)
-        prompt_ids = conversation.prompt_ids
-        plan = call.plan(
-            chat, prompt_ids, session, output_parser(chat, services.config, services.tokenizer, prompt_ids),
-            completion_ids=(new_message_id(),),
-        )
-        recorded = recorded_request(request_json, translation.origins, conversation.new_from, messages, tools)
-        return MessagesCall(session, [Part(plan, conversation)], recorded, body.streaming, chat,
+        planned = await plan_chat(call, chat, (new_message_id(),))
+        recorded = recorded_request(request_json, translation.origins, planned.part.conversation.new_from,
+                                    planned.messages, planned.tools)
+        return MessagesCall(planned.session, [planned.part], recorded, body.streaming, chat,
                             services.tokenizer)
 
 

@@ -19,7 +19,7 @@ from proxy.openai.chat_objects import (
     tool_call_id,
     usage,
 )
-from proxy.openai.pipeline import CallContext, Part, PlannedCall
+from proxy.openai.pipeline import CallContext, CallSession, Part, PlannedCall
 from proxy.openai.schemas import ChatCompletionRequest
 from proxy.openai.sse import DONE, sse
 from proxy.openai.streaming import GenerationStream, StreamBody, StreamServices
@@ -44,6 +44,34 @@ logger = logging.getLogger(__name__)
 _PROMPT_TAIL_TOKENS = 8  # enough to see whether the prompt ends by opening a <think> block
 
 
+@dataclass(frozen=True, slots=True)
+class ChatPlan:
+    """A conversation call planned as a chat request: its session, its one generation, and the chat
+    messages and tools its prompt was rendered from."""
+
+    session: CallSession
+    part: Part
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+async def plan_chat(
+    call: CallContext, chat: ChatCompletionRequest, completion_ids: tuple[str, ...] | None = None,
+    prompt_param: str = "messages",
+) -> ChatPlan:
+    """The steps every conversation API shares once its request is a chat request (chat itself, and the
+    Responses and Messages APIs after translating): the session the conversation belongs to, the prompt
+    chained in it, and the generation with the chat request's output parser."""
+    messages, tools = await call.prepare(chat.template_input)  # once: several steps read them
+    session = await call.conversation_session(messages, tools)
+    conversation = await call.prompt(session, messages, tools)
+    prompt_ids = conversation.prompt_ids
+    services = call.services
+    parser = output_parser(chat, services.config, services.tokenizer, prompt_ids)
+    plan = call.plan(chat, prompt_ids, session, parser, completion_ids, prompt_param)
+    return ChatPlan(session, Part(plan, conversation), messages, tools)
+
+
 class ChatApi:
     """Chat completions: request → plan."""
 
@@ -52,18 +80,13 @@ class ChatApi:
     async def plan(
         self, call: CallContext, body: ChatCompletionRequest, request_json: dict[str, Any]
     ) -> ChatCall:
-        messages, tools = await call.prepare(body.template_input)  # once: both steps read them
-        session = await call.conversation_session(messages, tools)
-        conversation = await call.prompt(session, messages, tools)
-        prompt_ids = conversation.prompt_ids
-        services = call.services
-        plan = call.plan(body, prompt_ids, session,
-                         output_parser(body, services.config, services.tokenizer, prompt_ids))
-        if conversation.new_from:
+        planned = await plan_chat(call, body)
+        new_from = planned.part.conversation.new_from
+        if new_from:
             # A child stores only its new messages; the parent chain holds the rest.
-            request_json = {**request_json, "messages": request_json["messages"][conversation.new_from:]}
-        return ChatCall(session, [Part(plan, conversation)], request_json, body.streaming, body,
-                        services.tokenizer)
+            request_json = {**request_json, "messages": request_json["messages"][new_from:]}
+        return ChatCall(planned.session, [planned.part], request_json, body.streaming, body,
+                        call.services.tokenizer)
 
 
 @dataclass(eq=False)

@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from proxy.auth import Principal, may_act_on, require_principal
 from proxy.errors import OpenAIError
-from proxy.openai.chat import output_parser
+from proxy.openai.chat import plan_chat
 from proxy.openai.pipeline import CallContext, Part, PlannedCall
 from proxy.openai.responses.input import ResponsesRequest, chat_request
 from proxy.openai.responses.output import RESPONSE_PREFIX, complete_response, new_response_id
@@ -56,18 +56,12 @@ class ResponsesApi:
         services = call.services
         history = await previous_items(services, call.principal, body.previous_response_id)
         chat = await call.prepare(lambda: chat_request(body, history, request_json))
-        messages, tools = await call.prepare(chat.template_input)  # once: several steps read them
-        session = await call.conversation_session(messages, tools)
-        conversation = await call.prompt(session, messages, tools)
-        prompt_ids = conversation.prompt_ids
-        plan = call.plan(
-            chat, prompt_ids, session, output_parser(chat, services.config, services.tokenizer, prompt_ids),
-            completion_ids=(new_response_id(),), prompt_param="input",
-        )
+        planned = await plan_chat(call, chat, (new_response_id(),), prompt_param="input")
         # The request as sent (for GET and previous_response_id), and for the conversation tree the chat
         # messages this call adds to its parent's history.
-        recorded = request_with_view(request_json, messages[conversation.new_from:], tools)
-        return ResponsesCall(session, [Part(plan, conversation)], recorded, body.streaming, body, chat,
+        new_messages = planned.messages[planned.part.conversation.new_from:]
+        recorded = request_with_view(request_json, new_messages, planned.tools)
+        return ResponsesCall(planned.session, [planned.part], recorded, body.streaming, body, chat,
                              services.tokenizer)
 
 
