@@ -48,7 +48,7 @@ class RemotePolicy:
     async def train_step(self, samples: Sequence[TrainingSample], current_version: int) -> dict[str, float]:
         return await self.actor.train_step.remote(list(samples), current_version)
 
-    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str:
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = True) -> str:
         return await self.actor.save.remote(checkpoint_dir, version, with_state)
 
     async def load(self, checkpoint_path: str) -> None:

@@ -144,7 +144,7 @@ class LocalPolicy:
             stats["damaged"] = 1.0
         return stats
 
-    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str:
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = True) -> str:
         path = await asyncio.to_thread(self.policy.save, checkpoint_dir, version, with_state)
         return path
 

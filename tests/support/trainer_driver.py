@@ -30,7 +30,7 @@ class FakePolicy:
         self.trained.append(([s.trajectory_id for s in samples], current_version))
         return {"reward/mean": float(np.mean([s.reward for s in samples])), "loss": 0.5}
 
-    async def save(self, checkpoint_dir: str, version: int, with_state: bool = False) -> str:
+    async def save(self, checkpoint_dir: str, version: int, with_state: bool = True) -> str:
         path = Path(checkpoint_dir) / f"v{version:06d}"
         path.mkdir(parents=True, exist_ok=True)
         return str(path)
