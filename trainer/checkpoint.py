@@ -204,8 +204,7 @@ def prune_checkpoints(
     is not in it (the versions training may go on from: the newest, the best, candidates): their weights
     stay servable, but training cannot resume from them exactly."""
     removed: list[Path] = []
-    for stale in checkpoint_dir.glob(".v*.tmp-*") if checkpoint_dir.is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_interrupted_saves(checkpoint_dir)
     versions = list(list_checkpoints(checkpoint_dir).items())
     if keep is not None:
         for version, path in versions[: max(len(versions) - keep, 0)]:
@@ -216,7 +215,6 @@ def prune_checkpoints(
         for version, path in versions:
             state = path / TRAINER_STATE
             if version not in resumable and path not in removed and state.is_file():
-                state.unlink()
                 shutil.rmtree(state.parent, ignore_errors=True)
     return removed
 
@@ -224,8 +222,7 @@ def prune_checkpoints(
 def discard_unrecorded(checkpoint_dir: Path, newest_recorded: int) -> list[Path]:
     """Delete the checkpoints of versions after `newest_recorded` (left by steps that died before their
     record) and temporary directories of interrupted saves; returns the checkpoints deleted."""
-    for stale in checkpoint_dir.glob(".v*.tmp-*") if checkpoint_dir.is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_interrupted_saves(checkpoint_dir)
     removed = []
     for version, path in list_checkpoints(checkpoint_dir).items():
         if version > newest_recorded:
@@ -233,6 +230,12 @@ def discard_unrecorded(checkpoint_dir: Path, newest_recorded: int) -> list[Path]
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def _remove_interrupted_saves(checkpoint_dir: Path) -> None:
+    """Delete the temporary directories saves that died left behind (never a complete checkpoint)."""
+    for stale in checkpoint_dir.glob(".v*.tmp-*") if checkpoint_dir.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 CLAIM_FILE = ".claim-token"
