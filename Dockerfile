@@ -6,8 +6,10 @@ ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
     FLYWHEEL_RUN__DIR=/srv/flywheel-run FLYWHEEL_CACHE_DIR=/srv/flywheel-run/cache
 WORKDIR /opt/flywheel
 
-# torch first, from PyTorch's CPU index: a bare `torch` from PyPI is the multi-GB CUDA build.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# torch first, from PyTorch's CPU index: a bare `torch` from PyPI is the multi-GB CUDA build. Training on
+# GPUs wants exactly that: `docker compose build --build-arg TORCH_INDEX=https://pypi.org/simple`.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.13.0 --index-url ${TORCH_INDEX}
 COPY pyproject.toml README.md ./
 COPY flywheel ./flywheel
 COPY proxy ./proxy
