@@ -1,7 +1,9 @@
 """Proxy overhead, before vs after: compares the rounds of two `proxy_overhead.py --json` runs (two
 revisions measured one after the other on the same idle machine) cell by cell, the median of each and an
 exact two-sided permutation test of the difference (Mann-Whitney U), since one process's figures move by
-±15% from start to start and only a difference beyond that spread is a regression.
+±15% from start to start and only a difference beyond that spread is a regression. Two runs one after
+the other also see the machine drift between them: proxy_overhead_interleaved.py alternates the two
+trees run by run instead, and normalises every figure by the worker's own in the same run.
 
     git worktree add /tmp/before REV && ln -s "$PWD/.venv" /tmp/before/.venv
     (cd /tmp/before && .venv/bin/python benchmarks/proxy_overhead.py --quick --only worker,flywheel-sqlite \\

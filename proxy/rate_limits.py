@@ -182,7 +182,7 @@ class KeyLimiter:
 
     def __init__(self, config: RateLimitsConfig, session_factory: SessionFactory) -> None:
         self._config = config
-        self._limits: dict[tuple[str, KeyLimits], KeyRateLimit] = {}
+        self._limits: dict[tuple[str, float | None, int | None, int | None], KeyRateLimit] = {}
         self.rates = RequestRates()
         self.feedback_rates = RequestRates()
         self.tokens = DailyTokens(session_factory, config.flush_interval_s)
@@ -210,10 +210,13 @@ class KeyLimiter:
         return functools.partial(self.tokens.add, key_id)
 
     def _limit(self, principal: Principal) -> KeyRateLimit:
-        found = self._limits.get((principal.scope, principal.limits))
+        own = principal.limits
+        # Keyed by plain values, hashed and compared in C (a KeyLimits key is hashed in Python per call).
+        key = (principal.scope, own.requests_per_s, own.burst, own.tokens_per_day)
+        found = self._limits.get(key)
         if found is None:  # few distinct (kind, own limits) pairs: computed once each, not per call
-            found = effective_limit(self._config.of(principal.scope), principal.limits)
+            found = effective_limit(self._config.of(principal.scope), own)
             if len(self._limits) >= _LIMITS_CACHED:
                 self._limits.clear()
-            self._limits[(principal.scope, principal.limits)] = found
+            self._limits[key] = found
         return found

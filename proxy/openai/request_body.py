@@ -69,8 +69,10 @@ def check_call_size(size: CallSize, limits: LimitsConfig) -> None:
             f"characters of text, but got {size.prompt_chars} instead.", "invalid_request_error",
             param=size.prompt_param, code="prompt_too_long",
         )
-    _at_most(size.n, limits.max_n, "n")
-    _at_most(size.top_logprobs, limits.max_top_logprobs, size.top_logprobs_param)
+    if size.n > limits.max_n:
+        raise _above_max(size.n, limits.max_n, "n")
+    if size.top_logprobs > limits.max_top_logprobs:
+        raise _above_max(size.top_logprobs, limits.max_top_logprobs, size.top_logprobs_param)
     if size.prompts > limits.max_prompts:
         raise OpenAIError(
             400, f"Invalid '{size.prompt_param}': array too long. Expected at most {limits.max_prompts} "
@@ -85,12 +87,11 @@ def check_call_size(size: CallSize, limits: LimitsConfig) -> None:
         )
 
 
-def _at_most(value: int, limit: int, param: str) -> None:
-    if value > limit:
-        raise OpenAIError(
-            400, f"Invalid '{param}': integer above maximum value. Expected a value <= {limit}, but got "
-            f"{value} instead.", "invalid_request_error", param=param, code="integer_above_max_value",
-        )
+def _above_max(value: int, limit: int, param: str) -> OpenAIError:
+    return OpenAIError(
+        400, f"Invalid '{param}': integer above maximum value. Expected a value <= {limit}, but got "
+        f"{value} instead.", "invalid_request_error", param=param, code="integer_above_max_value",
+    )
 
 
 def validated_body(payload: Any, model: type[Model]) -> Model:

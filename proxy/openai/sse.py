@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from starlette.responses import StreamingResponse
@@ -36,16 +36,33 @@ def named_sse(event_type: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + event_type.encode() + b"\ndata: " + msgspec.json.encode(payload) + b"\n\n"
 
 
+def _raw_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """`headers` as Starlette encodes a response's."""
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+_MEDIA_TYPE: Final = "text/event-stream"
+_SSE_RAW_HEADERS: Final = _raw_headers(SSE_HEADERS)
+_CONTENT_TYPE: Final = (b"content-type", f"{_MEDIA_TYPE}; charset=utf-8".encode("latin-1"))
+
+
 class EventStreamResponse(StreamingResponse):
-    """`text/event-stream` from `content`; `on_disconnect` is called once if the client leaves first.
-    A piece of `content` ending with `last_event` (`data: [DONE]`) is sent as the end of the response,
-    in the same write as the chunked encoding's terminator rather than one more write after it."""
+    """`text/event-stream` from `content`, with `SSE_HEADERS` and `headers`; `on_disconnect` is called
+    once if the client leaves first. A piece of `content` ending with `last_event` (`data: [DONE]`) is
+    sent as the end of the response, in the same write as the chunked encoding's terminator rather than
+    one more write after it."""
 
     def __init__(
         self, content: AsyncIterator[bytes], on_disconnect: Callable[[], None],
         headers: Mapping[str, str] | None = None, last_event: bytes | None = None,
     ) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+        # What StreamingResponse.__init__ sets, with the headers Starlette would build from SSE_HEADERS
+        # and the media type built once: every streamed call paid for encoding them again.
+        self.body_iterator = content
+        self.status_code = 200
+        self.media_type = _MEDIA_TYPE
+        self.background = None
+        self.raw_headers = [*_SSE_RAW_HEADERS, *(_raw_headers(headers) if headers else ()), _CONTENT_TYPE]
         self._on_disconnect = on_disconnect
         self._last_event = last_event
         self._pieces = content
