@@ -43,7 +43,9 @@ async def create_hidden_session(
     return its id. `owner_key_hash`: the online key that owns it (and may reward and end it). Nobody
     rewards a one-off admin call, so its session is never trained on (`missing_reward: drop`, which the
     finalizer honours), nor are its hooks run; an online conversation's session is labelled by
-    `reward_hooks`, and by `conversation` when its calls carry a hint (proxy/conversations/online.py)."""
+    `reward_hooks`, and by `conversation` when its calls carry a hint (proxy/conversations/online.py):
+    ConversationTaken when the key has an active session with that hint already (opened by another
+    proxy meanwhile)."""
     session_id = session_id or new_session_id()
     metadata: dict[str, Any] = {"origin": origin}
     if origin == ADMIN_CALL_ORIGIN:
@@ -70,7 +72,10 @@ class SessionCalls:
     none of them. Its finalization first `close`s the session (a call that had passed the key check but
     not yet started is refused with 409: the openai client retries it, and the retry finds the session
     ended), then waits until the calls that started before are recorded (`drained`), so every answered
-    call is in the session's trajectories."""
+    call is in the session's trajectories. Per proxy: a finalization on another proxy of the database
+    does not wait for the calls here; the database refuses their completions once the session is
+    finalized (migration 0006), and they are answered 409 `session_finalized`, never without being
+    trained on."""
 
     def __init__(self) -> None:
         self._running: dict[str, int] = {}
@@ -129,7 +134,9 @@ class NewConversations:
     """The hinted sessions this proxy is opening, by (online key, hint). The first call of a conversation
     hint reserves its session until the session is created (or the call failed first); the calls with
     that hint arriving meanwhile wait, then join it, so that calls opening one conversation at once share
-    one session. (Proxies do not see each other's: two proxies may each open one.)"""
+    one session. Proxies do not see each other's reservations: when two open one conversation at once,
+    the database refuses the second session (`storage.online_sessions.ConversationTaken`, raised by
+    `create_hidden_session`), and that call is planned again in the first one's session."""
 
     def __init__(self) -> None:
         self._opening: dict[tuple[str, str], asyncio.Event] = {}

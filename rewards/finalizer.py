@@ -1,10 +1,14 @@
 """The session finalizer: turns ended, rewarded sessions into trajectories, once each.
 
 Exactly-once rests on the database: `storage.queries.insert_trajectories` moves the session to
-"finalized" and writes its trajectories in one transaction, and refuses a session already finalized, so
-two finalizers (or two calls) never write a session twice. Within one process, `session_guard`
-serialises a session's reward writes with its finalization, so a reward the API accepted is always seen
-by the finalization that follows it (a reward arriving after it is refused by the API).
+"finalized" (`UPDATE … WHERE status <> 'finalized'`) and writes its trajectories in one transaction, and
+refuses a session already finalized, so two finalizers (two proxies sweeping one database, or two calls)
+never write a session twice; the one that loses finds it finalized and writes nothing. A reward the API
+accepted is always in the trajectories, whichever proxy accepted it: `add_reward` locks the session's row
+and refuses a finalized one, and the finalizing transaction counts the session's completions and
+rewards after it updated that row, building again when one arrived since its snapshot
+(`SessionChangedError`). Within one process, `session_guard` also serialises a session's reward writes
+with its finalization, so that rebuilding is rare.
 
 When a session is finalized:
 - on request (`finalize`, or `schedule(now=True)` — AReaL's end_session): now, with what it has;
@@ -24,7 +28,10 @@ ready, unless `train_retry_orphans`.
 
 Calls still in flight: before an ended session is finalized, the process's `CallsInFlight` (the proxy's)
 closes it to new calls and the finalization waits until the calls that had started are recorded, so an
-answered call is never left out of its session's trajectories.
+answered call is never left out of its session's trajectories. It knows only this process's calls: a
+call in flight on another proxy when the session is finalized here is not waited for; its completion is
+refused by the database (migration 0006) and the call answered 409 `session_finalized`, never answered
+without being trained on.
 """
 
 from __future__ import annotations
@@ -127,7 +134,7 @@ class SessionFinalizer:
     async def finalize(self, session_id: str) -> int:
         """Finalize an ended session now, with whatever rewards it has, unless its reward hooks are still
         running (it is finalized once they settle). Returns the number of trajectories written: 0 if it was
-        finalized already (by anyone), yields none, or waits for its hooks.
+        finalized already (by anyone, here or by another process), yields none, or waits for its hooks.
         LookupError for an unknown session, SessionActiveError for one not ended."""
         await self._drain(session_id)
         async with self.session_guard(session_id):
@@ -135,7 +142,8 @@ class SessionFinalizer:
         return written or 0
 
     async def finalize_if_ready(self, session_id: str) -> int | None:
-        """Finalize the session if it has ended and is ready; None (nothing done) otherwise."""
+        """Finalize the session if it has ended and is ready; None (nothing done) otherwise, or when it
+        was finalized already (by anyone)."""
         await self._drain(session_id)
         async with self.session_guard(session_id):
             return await self._finalize_locked(session_id, require_ready=True)
@@ -196,7 +204,8 @@ class SessionFinalizer:
 
     async def sweep(self) -> int:
         """One pass: end and finalize expired sessions; finalize ended ones that are ready or waited
-        long enough for a reward. Returns how many sessions it finalized."""
+        long enough for a reward. Returns how many sessions it finalized (not those another process
+        finalized meanwhile: when several proxies sweep one database, each session counts in one sweep)."""
         now = datetime.now(UTC)
         expired, ended = await self._due_sessions(now)
         grace_cutoff = now - timedelta(seconds=self.config.reward_grace_s)
@@ -250,12 +259,13 @@ class SessionFinalizer:
             return list(expired), [(row.id, as_utc(row.ended_at or now)) for row in ended]
 
     async def _finalize_locked(self, session_id: str, *, require_ready: bool) -> int | None:
-        """Under the session's guard: None if not ready (with `require_ready`), else trajectories written."""
+        """Under the session's guard: None if not ready (with `require_ready`) or finalized already (here
+        or elsewhere), else trajectories written."""
         snapshot = await load_session_snapshot(self._session_factory, session_id, hook_state=True)
         if snapshot is None:
             raise LookupError(f"no session {session_id!r}")
         if snapshot.status == SessionStatus.FINALIZED.value:
-            return 0
+            return None
         if snapshot.status == SessionStatus.ACTIVE.value:
             if require_ready:
                 return None
@@ -270,9 +280,9 @@ class SessionFinalizer:
             return None
         trajectories = await asyncio.to_thread(self._trajectories, snapshot, completions)
         try:
-            return await self._write(session_id, trajectories, len(snapshot.completions), orphans)
-        except SessionChangedError:  # a call was recorded meanwhile: build again with it
-            logger.info("session %s: a completion arrived while finalizing; building it again", session_id)
+            return await self._write(session_id, trajectories, snapshot, orphans)
+        except SessionChangedError as exc:  # a call or a reward was recorded meanwhile: build again with it
+            logger.info("session %s: changed while finalizing (%s); building it again", session_id, exc)
             return await self._finalize_locked(session_id, require_ready=require_ready)
 
     def _trained(
@@ -322,16 +332,19 @@ class SessionFinalizer:
         return trajectories
 
     async def _write(
-        self, session_id: str, trajectories: list[TrajectoryRecord], completions: int, orphans: dict[str, str]
-    ) -> int:
+        self, session_id: str, trajectories: list[TrajectoryRecord], snapshot: SessionSnapshot,
+        orphans: dict[str, str],
+    ) -> int | None:
+        """Write the trajectories built from `snapshot`; None when the session was finalized meanwhile
+        (by another finalizer: nothing is written here)."""
         try:
-            ids = await insert_trajectories(self._session_factory, session_id, trajectories, completions,
-                                            orphans)
+            ids = await insert_trajectories(self._session_factory, session_id, trajectories,
+                                            len(snapshot.completions), orphans, len(snapshot.rewards))
         except ValueError:
             if await self._status(session_id) != SessionStatus.FINALIZED.value:
                 raise
             logger.info("session %s: finalized concurrently elsewhere; nothing written here", session_id)
-            return 0
+            return None
         if orphans:
             self.metrics.retry_orphans.inc(len(orphans))
             logger.info("session %s: %d retry orphan(s), %s: %s", session_id, len(orphans),

@@ -29,6 +29,7 @@ from storage.models import (
     SessionStatus,
     Trajectory,
 )
+from storage.online_sessions import claim_hint
 from storage.records import (
     ApiKeyRecord,
     CompletionRecord,
@@ -37,10 +38,12 @@ from storage.records import (
     TrajectoryRecord,
 )
 from storage.reward_jobs import queue_jobs_on_end
+from storage.reward_writes import SessionFinalizedError, add_reward, rewards_of
 
 __all__ = [
     "ClaimLostError",
     "SessionChangedError",
+    "SessionFinalizedError",
     "active_owned_sessions",
     "add_reward",
     "claim_batch",
@@ -140,10 +143,14 @@ async def create_session(
     session_factory: SessionFactory, session: SessionRecord, admits: Admits | None = None
 ) -> None:
     """A session and its session key; joining a group that already has `size` sessions is a ValueError.
-    `admits`: first check admission for it (storage/admission.py; AdmissionRefused)."""
+    `admits`: first check admission for it (storage/admission.py; AdmissionRefused). An online key's
+    session with a conversation hint is refused with ConversationTaken while the key has an active one
+    with that hint (storage/online_sessions.py), whichever process made it."""
     async with write_transaction(session_factory) as db:
         if admits is not None:
             await admit(db, 1, admits)
+        if session.owner_key_hash is not None and session.conversation is not None:
+            await claim_hint(db, session.owner_key_hash, session.conversation)
         await _add_sessions(db, [session])
 
 
@@ -238,41 +245,13 @@ def _completion_row(record: CompletionRecord) -> dict[str, Any]:
     }
 
 
-async def add_reward(
-    session_factory: SessionFactory,
-    value: float,
-    *,
-    session_id: str | None = None,
-    completion_id: str | None = None,
-    source: str = "rest",
-    details: dict[str, Any] | None = None,
-) -> int:
-    """Attach a reward to exactly one of a session or a completion; returns its id.
-    NaN and ±inf are a ValueError and write nothing."""
-    if (session_id is None) == (completion_id is None):
-        raise ValueError("a reward needs exactly one of session_id and completion_id")
-    if isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"reward must be a finite number, got {value!r}")
-    async with write_transaction(session_factory) as db:
-        reward = Reward(
-            session_id=session_id,
-            completion_id=completion_id,
-            value=float(value),
-            source=source,
-            details=dict(details or {}),
-        )
-        db.add(reward)
-        await db.flush()
-        return reward.id
-
-
 class SessionChangedError(RuntimeError):
-    """A completion joined the session after its trajectories were built: build them again."""
+    """A completion or a reward joined the session after its trajectories were built: build them again."""
 
 
 async def insert_trajectories(
     session_factory: SessionFactory, session_id: str, trajectories: Sequence[TrajectoryRecord],
-    completions: int | None = None, orphans: Mapping[str, str] | None = None,
+    completions: int | None = None, orphans: Mapping[str, str] | None = None, rewards: int | None = None,
 ) -> list[int]:
     """Write a session's trajectories and mark it finalized, in one transaction, so a claimer never sees a
     finalized session without its trajectories. An empty list finalizes a rejected session. Returns the
@@ -281,7 +260,12 @@ async def insert_trajectories(
     recorded since), nothing is written and SessionChangedError says to build them again. From this
     transaction on no completion can join the session (a trigger refuses it: migration 0006).
     `orphans`: the session's retry orphans, each marked `orphan_of` the completion kept in its stead, in
-    the same transaction (rewards/orphans.py)."""
+    the same transaction (rewards/orphans.py).
+    `rewards`: how many rewards (on the session and its completions) they were built from; a reward
+    written since (by another process: rewards are only ever added) is a SessionChangedError too. Both
+    counts are read after the session's row is updated, so a writer that had locked it first (a
+    completion's trigger, `add_reward`, feedback) has committed and is counted, and any later one sees
+    the session finalized."""
     rows = [_trajectory_row(t) for t in trajectories]
     async with write_transaction(session_factory) as db:
         group_id, baseline_key = await _finalize(db, session_id)
@@ -291,6 +275,10 @@ async def insert_trajectories(
             )
             if now != completions:
                 raise SessionChangedError(f"session {session_id} has {now} completions, not {completions}")
+        if rewards is not None:
+            now = await db.scalar(select(func.count()).select_from(Reward).where(rewards_of(session_id)))
+            if now != rewards:
+                raise SessionChangedError(f"session {session_id} has {now} rewards, not {rewards}")
         for orphan_id, kept_id in (orphans or {}).items():  # a few at most: one statement each
             await db.execute(update(Completion)
                              .where(Completion.id == orphan_id, Completion.session_id == session_id)

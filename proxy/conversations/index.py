@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from proxy.config import DEFAULT_MAX_NODES, DEFAULT_MAX_SESSIONS
 from proxy.conversations.text import ConversationKeys
-from proxy.conversations.tree import SessionTree
+from proxy.conversations.tree import Match, SessionTree
 from proxy.privacy import is_redacted
 from rewards.message_keys import MessageKey, is_assistant
 from storage.engine import SessionFactory
@@ -67,9 +67,35 @@ class ConversationIndex:
             self._forget(next(iter(self._trees)))
         return tree, True
 
+    async def match(
+        self, session_id: str, tools_id: str | None, keys: Sequence[MessageKey], *, new: bool = False,
+        note_foreign: bool = True,
+    ) -> tuple[SessionTree, Match | None]:
+        """The session's tree and the deepest of its completions that a call's message `keys` (with
+        `tools_id`) extend. The tree held here may lack completions another proxy recorded since it was
+        loaded (or that it evicted): when the call holds an assistant message that no completion of the
+        tree answered at its place past the match, the tree is reloaded from the database first, never
+        deciding "no parent" or "a shallower parent" from memory alone. `note_foreign`: remember the
+        assistant messages a reload did not explain either, so they never cause a reload again (for the
+        session's own calls; not when trying the sessions a call might belong to)."""
+        tree, loaded = await self.tree(session_id, new=new)
+        match = tree.deepest_prefix(tools_id, keys)
+        if not loaded and tree.may_be_stale_for(keys, tools_id, matched_length(match)):
+            tree, loaded = await self.tree(session_id, reload=True)
+            match = tree.deepest_prefix(tools_id, keys)
+        if loaded and note_foreign:
+            tree.note_foreign(keys, tools_id, matched_length(match))
+        return tree, match
+
     def holds(self, session_id: str) -> bool:
         """Whether the session's tree is in memory."""
         return session_id in self._trees
+
+    def holds_completions(self, session_id: str) -> bool:
+        """Whether the session's tree is in memory with a completion in it. An empty one may have been
+        loaded before another proxy recorded the session's first completion: only the database can tell."""
+        tree = self._trees.get(session_id)
+        return tree is not None and bool(tree.nodes)
 
     def sessions_answering(self, keys: Iterable[MessageKey]) -> set[str]:
         """The sessions held in memory whose completions answered one of the assistant messages in
@@ -103,6 +129,11 @@ class ConversationIndex:
             tree = self._trees.get(record.session_id)
             if tree is not None and not tree.add(record, keys):
                 self._forget(record.session_id)  # incomplete: rebuild from the database next time
+
+
+def matched_length(match: Match | None) -> int:
+    """How many of a call's messages its match covers (0 without one): the rest are new."""
+    return 0 if match is None else match.length
 
 
 def chainable(records: Sequence[CompletionRecord]) -> list[CompletionRecord]:

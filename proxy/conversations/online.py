@@ -17,6 +17,7 @@ conversation does to the last (`proxy.online.end_on_new_conversation`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.conversations.index import ConversationIndex
@@ -57,43 +58,56 @@ async def find_online_session(
     return await _extended_session(index, session_factory, key_hash, tools_key(tools), keys)
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How far a call's messages extend one session's conversation: the length of its deepest match,
+    and whether that match explains every assistant message the call holds (`whole`): one the
+    session never answered there means the call may belong to another session that holds it."""
+
+    depth: int
+    whole: bool
+
+
 async def _extended_session(
     index: ConversationIndex, session_factory: SessionFactory, key_hash: str, tools_id: str | None,
     keys: Sequence[MessageKey],
 ) -> str | None:
     """The active session owned by `key_hash` whose conversation `keys` extend most deeply (the newest on
     a tie). Of the trees in memory only those that answered one of the call's assistant messages can
-    hold it, and one query keeps those of them that are the key's and still active. The owned sessions
-    not in memory (after a restart or an eviction, or recorded by another proxy) are loaded and tried
-    when those hold none."""
-    depths = await _depths(index, index.sessions_answering(keys), tools_id, keys)
-    if depths:
-        owned = await active_owned_sessions(session_factory, key_hash, among=depths)
-        found = _deepest(owned, depths)
-        if found is not None:
+    hold it; one query keeps those of them that are the key's and still active, and the deepest wins if
+    it explains the whole call. Otherwise (after a restart or an eviction, or with conversations another
+    proxy served, whose trees here are missing, empty or behind) the owned sessions without completions
+    in memory are loaded and tried too. Trees held here are reloaded where they may be behind
+    (`ConversationIndex.match`), so every proxy of a database finds the same session."""
+    reaches: dict[str, Reach] = {}
+    answering = index.sessions_answering(keys)
+    if answering:
+        owned = await active_owned_sessions(session_factory, key_hash, among=answering)
+        reaches = await _reaches(index, owned, tools_id, keys)
+        found = _deepest(owned, reaches)
+        if found is not None and reaches[found].whole:
             return found
     owned = await active_owned_sessions(session_factory, key_hash)
-    unheld = [session_id for session_id in owned if not index.holds(session_id)]
-    return _deepest(owned, await _depths(index, unheld, tools_id, keys))
+    unheld = [s for s in owned if s not in reaches and not index.holds_completions(s)]
+    reaches.update(await _reaches(index, unheld, tools_id, keys))
+    return _deepest(owned, reaches)
 
 
-async def _depths(
+async def _reaches(
     index: ConversationIndex, session_ids: Iterable[str], tools_id: str | None, keys: Sequence[MessageKey]
-) -> dict[str, int]:
-    """The sessions of `session_ids` holding a completion that `keys` extend, with the deepest one's
-    length in messages."""
-    depths = {}
+) -> dict[str, Reach]:
+    """The sessions of `session_ids` holding a completion that `keys` extend, with how far they do."""
+    reaches = {}
     for session_id in session_ids:
-        tree, _loaded = await index.tree(session_id)
-        match = tree.deepest_prefix(tools_id, keys)
+        tree, match = await index.match(session_id, tools_id, keys, note_foreign=False)
         if match is not None:
-            depths[session_id] = match.length
-    return depths
+            reaches[session_id] = Reach(match.length, not tree.may_be_stale_for(keys, tools_id, match.length))
+    return reaches
 
 
-def _deepest(newest_first: Sequence[str], depths: dict[str, int]) -> str | None:
+def _deepest(newest_first: Sequence[str], reaches: dict[str, Reach]) -> str | None:
     best: str | None = None
     for session_id in newest_first:
-        if session_id in depths and (best is None or depths[session_id] > depths[best]):
+        if session_id in reaches and (best is None or reaches[session_id].depth > reaches[best].depth):
             best = session_id
     return best

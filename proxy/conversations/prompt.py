@@ -86,14 +86,7 @@ class Prompter:
             keys, tools_id = await asyncio.to_thread(_keys, messages, tools)
         else:
             keys, tools_id = _keys(messages, tools)
-        tree, loaded = await self.index.tree(session_id, new=new)
-        match = tree.deepest_prefix(tools_id, keys)
-        # New messages holding an assistant turn the tree never answered: maybe another proxy recorded it.
-        if not loaded and tree.may_be_stale_for(keys[match.length if match else 0:]):
-            tree, loaded = await self.index.tree(session_id, reload=True)
-            match = tree.deepest_prefix(tools_id, keys)
-        if loaded:
-            tree.note_foreign(keys[match.length if match else 0:])
+        tree, match = await self.index.match(session_id, tools_id, keys, new=new)
         if match is not None:
             chained = await self._chain(session_id, match, messages, tools, in_thread)
             if chained is not None:

@@ -104,9 +104,10 @@ class SessionTree:
     asked: set[int] = field(default_factory=set)
     """Hashes of the messages (with tools) each completion answered: a request asking them again is a
     resample, not an edit."""
-    foreign: set[MessageKey] = field(default_factory=set)
-    """Assistant messages clients sent that no completion of the session answered, even after a reload
-    (few-shot examples, another model's turns): they never trigger a reload again."""
+    foreign: set[int] = field(default_factory=set)
+    """Hashes of histories (with tools) ending in an assistant message a client sent that no completion of
+    the session answered there, even after a reload (few-shot examples, another model's turns): they
+    never trigger a reload again."""
     on_answer: Callable[[MessageKey], None] | None = field(default=None, repr=False)
     """Told of each answer new to the tree (the index of answers across sessions)."""
 
@@ -187,17 +188,35 @@ class SessionTree:
             pending = left
         return True
 
-    def may_be_stale_for(self, keys: Sequence[MessageKey]) -> bool:
-        """Whether `keys` hold an assistant message this tree never answered: the database may know it
-        (another proxy recorded it, or this one recorded it for a caller that left before learning it)."""
-        return any(self._unknown_answer(key) for key in keys)
+    def may_be_stale_for(self, keys: Sequence[MessageKey], tools: str | None = None, start: int = 0) -> bool:
+        """Whether a call's messages `keys` (with `tools`) hold, from `start` on (past its deepest match),
+        an assistant message that no completion of this tree answered at that place of the conversation:
+        the database may know one (another proxy recorded it, this one evicted it, or recorded it for a
+        caller that left before learning it). Judged by place, not by text alone: in a session whose
+        answers repeat (the same tool call twice, "OK."), a turn this tree missed has a known text."""
+        return bool(self._unexplained(keys, tools, start))
 
-    def note_foreign(self, keys: Sequence[MessageKey]) -> None:
-        """After a reload: the assistant messages in `keys` still unknown are not ours."""
-        self.foreign.update(key for key in keys if self._unknown_answer(key))
+    def note_foreign(self, keys: Sequence[MessageKey], tools: str | None = None, start: int = 0) -> None:
+        """After a reload: the assistant messages of `keys` from `start` on still unexplained are not ours."""
+        self.foreign.update(self._unexplained(keys, tools, start))
 
-    def _unknown_answer(self, key: MessageKey) -> bool:
-        return is_assistant(key) and key not in self.answers and key not in self.foreign
+    def _unexplained(self, keys: Sequence[MessageKey], tools: str | None, start: int) -> list[int]:
+        """The hashes of the histories `keys[:i + 1]` (i >= `start`) that end in an assistant message no
+        completion here answered after exactly that history, and that are not known to be foreign."""
+        places = [i for i in range(start, len(keys)) if is_assistant(keys[i])]
+        if not places:
+            return []
+        hashes = prefix_hashes(tools, keys)
+        return [hashes[i] for i in places if hashes[i] not in self.foreign
+                and not self._answered_after(tools, keys[: i + 1], hashes[i])]
+
+    def _answered_after(self, tools: str | None, history: Sequence[MessageKey], history_hash: int) -> bool:
+        """Whether a completion's conversation, as later calls see it, is `history` (its last message the
+        answer): its whole path, or its path without trailing ephemeral messages."""
+        path = tuple(history)
+        return any(node.tools == tools and node.path == path for node in self.by_hash.get(history_hash, ())) \
+            or any(node.tools == tools and node.history(dropped) == path
+                   for node, dropped in self.by_shortened.get(history_hash, ()))
 
     def is_branch(self, tools: str | None, keys: Sequence[MessageKey]) -> bool:
         """Whether an unmatched request changed the session's history: it shares its first message with

@@ -23,6 +23,7 @@ A new session is created only once the request is known to be valid and planned.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +40,7 @@ from proxy.conversations.prompt import ConversationPrompt
 from proxy.errors import OpenAIError
 from proxy.openai.request_body import parsed_body
 from proxy.openai.schemas import CallBody
-from proxy.openai.sse import DONE, SSE_HEADERS, EventStreamResponse
+from proxy.openai.sse import DONE, EventStreamResponse
 from proxy.openai.streaming import (
     GenerationStream,
     StreamBody,
@@ -55,7 +56,7 @@ from proxy.workers.calls import generate, open_stream
 from proxy.workers.plan import ChoiceResult, GenerationPlan, SamplingRequest, plan_generation
 from proxy.workers.resume_stream import ResumingStream
 from rewards.hooks.spec import stored_hooks
-from storage.online_sessions import hinted_session, older_unhinted_sessions
+from storage.online_sessions import ConversationTaken, hinted_session, older_unhinted_sessions
 from storage.queries import end_session
 from storage.records import CompletionRecord
 
@@ -283,26 +284,30 @@ async def serve_call(request: Request, api: Api[Any]) -> Response:
     services.database.check()  # new work waits for a database that is down: 503 with Retry-After
     context = CallContext(services, principal, large, hint)
     calls = services.calls
-    try:
-        if hint is not None:
-            await context.join_conversation()
-        call = await api.plan(context, body, request_json)
-        session = call.session
-        calls.enter(session.id)  # from here until recorded, the session's end waits for this call
+    while True:
         try:
-            if session.is_new:
-                await _open_session(services, session)
-        except BaseException:
-            calls.leave(session.id)
-            raise
-    finally:
-        context.settle()
+            if hint is not None:
+                await context.join_conversation()
+            call = await api.plan(context, body, request_json)
+            session = call.session
+            calls.enter(session.id)  # from here until recorded, the session's end waits for this call
+            try:
+                if session.is_new:
+                    await _open_session(services, session)
+                break
+            except ConversationTaken:  # another proxy opened the hint's session first: plan in that one
+                calls.leave(session.id)
+            except BaseException:
+                calls.leave(session.id)
+                raise
+        finally:
+            context.settle()
     handed_over = False
     try:
         end = _SessionEnd(services, session.id) if session.one_off else None
         headers = {SESSION_HEADER: session.id}
         if call.streaming:
-            response = await _stream(services, call, end, headers, lambda: calls.leave(session.id),
+            response = await _stream(services, call, end, headers, functools.partial(calls.leave, session.id),
                                      count_tokens)
             handed_over = True  # the streams leave once recorded
             return response
@@ -357,20 +362,33 @@ async def _answer(
     completions could not be recorded."""
     parts, balancer = call.parts, services.balancer
     if len(parts) == 1:  # no task for the common case: one more scheduling hop per call
-        results = [await generate(balancer, parts[0].plan)]
+        part = parts[0]
+        results = [await generate(balancer, part.plan)]
+        keys = part.conversation.keys
+        prompt_tokens = len(part.plan.prompt_ids)
     else:
         results = list(await asyncio.gather(*(generate(balancer, part.plan) for part in parts)))
+        keys = None
+        prompt_tokens = sum(len(part.plan.prompt_ids) for part in parts)
     response = call.response(results)
     records = call.records(results, response)
-    keys = call.parts[0].conversation.keys if len(call.parts) == 1 else None
-    prompt_tokens = sum(len(part.plan.prompt_ids) for part in call.parts)
     try:
         await services.recorder.record(records, keys, prompt_tokens)
     except Exception as exc:
         raise record_failed(exc, services.database.retry_after_s) from exc
     if count_tokens is not None:
         count_tokens(prompt_tokens + sum(len(record.output_ids) for record in records))
-    return Response(msgspec.json.encode(response), media_type="application/json", headers=headers)
+    return _json_response(msgspec.json.encode(response), headers)
+
+
+def _json_response(content: bytes, headers: dict[str, str]) -> Response:
+    """`content` as an application/json response with `headers`: Starlette's own length and type, the
+    others appended (given to Response, they cost a round of encoding and checks per call)."""
+    answer = Response(content, media_type="application/json")
+    raw = answer.raw_headers
+    for name, value in headers.items():
+        raw.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+    return answer
 
 
 async def _stream(
@@ -395,5 +413,5 @@ async def _stream(
     streams = [call.stream(stream_services, part, stream, first, body)
                for part, (stream, first) in zip(call.parts, opened, strict=True)]
     start_streams(streams)
-    return EventStreamResponse(body.events(), body.stop_reading, {**SSE_HEADERS, **headers},
+    return EventStreamResponse(body.events(), body.stop_reading, headers,
                                last_event=call.last_event)

@@ -38,6 +38,7 @@ from storage.engine import SessionFactory, affected_rows, write_transaction
 from storage.keys import FoundKey, KeyInfo, LastAdminKeyError, find_key, revoke_key
 from storage.models import ApiKey, Completion, KeyScope, Session, SessionStatus, as_utc
 from storage.queries import (
+    SessionFinalizedError,
     add_reward,
     create_group,
     create_session,
@@ -194,16 +195,20 @@ async def reward(
     finalizer = services.finalizer
     async with finalizer.session_guard(session_id):
         status = await session_status(services.session_factory, session_id)
-        if status == SessionStatus.FINALIZED.value:
+        try:
+            if status == SessionStatus.FINALIZED.value:
+                raise SessionFinalizedError(session_id)
+            # Checked again where it is written: another proxy may finalize the session meanwhile.
+            reward_id = await add_reward(
+                services.session_factory, value, session_id=None if completion_id else session_id,
+                completion_id=completion_id, source=source, details=details,
+            )
+        except SessionFinalizedError:
             raise OpenAIError(
                 409, f"Session {session_id} is finalized: its trajectories are written, so rewards must "
                 "arrive before then (before its end, or before its last missing reward).",
                 "conflict_error", code="session_finalized",
-            )
-        reward_id = await add_reward(
-            services.session_factory, value, session_id=None if completion_id else session_id,
-            completion_id=completion_id, source=source, details=details,
-        )
+            ) from None
     if status == SessionStatus.ENDED.value:
         finalizer.schedule(session_id)
     return RewardResponse(
