@@ -2,7 +2,8 @@
 
 Any number of `flywheel rewards run` processes may share one database (Postgres, for more than one
 machine): each claims jobs with leases, so none runs a job another holds. Set `rewards.runner.in_proxy:
-false` so the proxy leaves the jobs to them. Metrics are served on `--metrics-port` when given.
+false` so the proxy leaves the jobs to them. Metrics are served on `--metrics-port` when given, on
+`--metrics-host` (loopback by default).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def list_hooks() -> str:
     return "\n".join(lines)
 
 
-async def run_hooks(config: FlywheelConfig, metrics_port: int | None = None) -> int:
+async def run_hooks(
+    config: FlywheelConfig, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+) -> int:
     """Run hook jobs from `config.storage` until SIGINT or SIGTERM; running jobs are handed back."""
     from prometheus_client import start_http_server
 
@@ -43,7 +46,7 @@ async def run_hooks(config: FlywheelConfig, metrics_port: int | None = None) -> 
     check_hooks(registry, config.rewards)
     metrics = HookMetrics()
     if metrics_port is not None:
-        start_http_server(metrics_port, registry=metrics.registry)
+        start_http_server(metrics_port, addr=metrics_host, registry=metrics.registry)
     engine = create_engine(config.storage)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

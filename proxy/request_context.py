@@ -1,6 +1,6 @@
 """The request context of every proxy request (a pure ASGI middleware, no task per request): its id, its
-count and latency per route, an optional log line, and the key cache cleared after an RL call that
-changed keys or sessions."""
+count and latency per route and status, the requests in flight, an optional log line, and the key cache
+cleared after an RL call that changed keys or sessions."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import REQUEST_ID_HEADER
+from proxy.metrics import route_label
 
 logger = logging.getLogger(__name__)
 
 _MAX_CLIENT_REQUEST_ID = 128
+_REQUEST_ID = REQUEST_ID_HEADER.encode()
 _RL_PREFIX = "/rl/"
 
 
@@ -38,9 +40,12 @@ class RequestContextMiddleware:
             return
         request_id = _request_id(scope) or f"req_{self._ids.getrandbits(96):024x}"
         scope.setdefault("state", {})["request_id"] = request_id
-        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        header = (_REQUEST_ID, request_id.encode())
         started = time.perf_counter()
         status = 500
+        services: Any = getattr(scope["app"].state, "services", None)
+        if services is not None:
+            services.metrics.in_flight.enter(scope)
 
         changes_keys = scope["method"] == "POST" and scope["path"].startswith(_RL_PREFIX)
 
@@ -58,15 +63,12 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            self._observe(scope, status, time.perf_counter() - started, request_id)
+            self._observe(scope, status, time.perf_counter() - started, request_id, services)
 
-    def _observe(self, scope: Scope, status: int, elapsed: float, request_id: str) -> None:
-        route = scope.get("route")
-        label = getattr(route, "path", None) or "unmatched"
-        services: Any = getattr(scope["app"].state, "services", None)
+    def _observe(self, scope: Scope, status: int, elapsed: float, request_id: str, services: Any) -> None:
         if services is not None:
-            services.metrics.requests.labels(label, str(status)).inc()
-            services.metrics.latency.labels(label).observe(elapsed)
+            services.metrics.in_flight.leave(scope)
+            services.metrics.observe_request(route_label(scope), status, elapsed)
         if self.log_requests:
             logger.info("%s %s -> %d in %.1f ms (request %s)", scope["method"], scope["path"], status,
                         elapsed * 1000, request_id)
@@ -80,7 +82,10 @@ def _clear_key_cache(scope: Scope) -> None:
 
 def _request_id(scope: Scope) -> str | None:
     """The client's own x-request-id, if it sent a sane one."""
-    for name, value in scope.get("headers", ()):
-        if name == b"x-request-id" and 0 < len(value) <= _MAX_CLIENT_REQUEST_ID:
+    headers = scope.get("headers", ())
+    if _REQUEST_ID not in dict(headers):  # most clients send none: looked for at C speed
+        return None
+    for name, value in headers:
+        if name == _REQUEST_ID and 0 < len(value) <= _MAX_CLIENT_REQUEST_ID:
             return value.decode("latin-1")
     return None

@@ -19,6 +19,7 @@ from trainer.algos.config import (
     RLOOAdvantageConfig,
     UngroupedBaselineConfig,
 )
+from trainer.telemetry.config import MlflowConfig, WandbConfig
 
 __all__ = [
     "AdvantageConfig",
@@ -31,11 +32,13 @@ __all__ = [
     "KPopConfig",
     "LoraConfig",
     "LossConfig",
+    "MlflowConfig",
     "PromotionConfig",
     "RLOOAdvantageConfig",
     "RayConfig",
     "TrainerConfig",
     "UngroupedBaselineConfig",
+    "WandbConfig",
     "WeightPushConfig",
 ]
 
@@ -243,6 +246,17 @@ class TrainerConfig(_Strict):
     """At start, how long to wait for every worker's /health (they may still be loading the model)."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """Ray cluster and actor placement."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Serve the trainer's Prometheus metrics on this port (docs/metrics.md); 0 draws a free one (logged);
+    None serves none. `flywheel up` picks a free port when this is None, and prints it."""
+    metrics_host: str = "127.0.0.1"
+    """Interface the metrics endpoint listens on; 0.0.0.0 for a Prometheus on another machine."""
+    tensorboard: bool = True
+    """Write each step's metrics as TensorBoard event files under `<run dir>/tensorboard`."""
+    wandb: WandbConfig | None = None
+    """Log each step's metrics to a Weights & Biases run; None: off."""
+    mlflow: MlflowConfig | None = None
+    """Log each step's metrics to an MLflow run; None: off."""
 
     @model_validator(mode="after")
     def _lora_pushes_can_work(self) -> TrainerConfig:

@@ -43,6 +43,7 @@ from trainer.checkpoint import (
     remembered_claim,
 )
 from trainer.config import TrainerConfig
+from trainer.metrics import WatchedSync
 from trainer.monitor import Monitor, finite_metrics
 from trainer.promotion import CandidateGate, decide
 from trainer.weights.disk import served_versions, weight_version_label
@@ -80,7 +81,7 @@ class Driver:
         sync: WeightSync | None = None,
     ) -> None:
         self._config = config
-        self._sync = sync if sync is not None else DiskSync(config.weights)
+        self._sync = WatchedSync(sync if sync is not None else DiskSync(config.weights), monitor)
         self._db = session_factory
         self._policy = policy
         self._clients = list(clients)
@@ -110,6 +111,7 @@ class Driver:
                 claim_token=claim_token,
             )
             self._dropped += batch.dropped
+            self._monitor.claimed(len(batch), batch.dropped)
             if not batch.samples:
                 await _sleep(config.poll_interval_s, stop)
                 continue
@@ -143,6 +145,7 @@ class Driver:
             await self._sync_workers(model_dir, 0)
         else:
             await self._sync_workers(served.checkpoint_path if served.version else model_dir, served.version)
+        self._monitor.served(0 if served is None else served.version)
         logger.info("trainer at policy version %d, serving %s", version, served and served.version)
         return version
 

@@ -1,5 +1,7 @@
 """The trainer's metrics: one log line per step, one JSON line per step in `<run dir>/metrics.jsonl`
-(the same numbers go into `train_steps.metrics` with the step's record)."""
+(the same numbers go into `train_steps.metrics` with the step's record), and the same to the Monitor's
+sinks (Prometheus, TensorBoard, W&B, MLflow: trainer/telemetry/), with what the driver tells it between
+steps (claims, weight pushes)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from trainer.telemetry.base import MetricsSink
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +45,15 @@ def finite_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 class Monitor:
-    """Logs and appends each step's metrics; `history` keeps them in memory for the caller."""
+    """Logs and appends each step's metrics; `history` keeps them in memory for the caller. Each sink is
+    told the same; a sink that raises is logged once and dropped, so that no dashboard stops training."""
 
-    def __init__(self, metrics_path: Path | None) -> None:
+    def __init__(self, metrics_path: Path | None, sinks: Sequence[MetricsSink] = ()) -> None:
         self._path = metrics_path
         if metrics_path is not None:
             metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.history: list[dict[str, float]] = []
+        self.sinks = list(sinks)
 
     def record(self, step: int, version: int, metrics: Mapping[str, float]) -> dict[str, float]:
         """Log one line, append one JSON line; returns the JSON-safe metrics."""
@@ -57,7 +64,38 @@ class Monitor:
             line = json.dumps({"step": step, "policy_version": version, "time": time.time(), **clean})
             with self._path.open("a", encoding="utf-8") as out:
                 out.write(line + "\n")
+        self._tell("log_step", step, version, clean)
         return clean
+
+    def claimed(self, samples: int, dropped: int) -> None:
+        """A claim got `samples` trajectories (0: none to train on) and dropped `dropped` as stale."""
+        self._tell("log_claim", samples, dropped)
+
+    def pushed(self, version: int, seconds: float) -> None:
+        """The workers were given `version` (a push that took `seconds`): they now serve it."""
+        self._tell("log_push", version, seconds)
+        self._tell("log_served", version)
+
+    def served(self, version: int) -> None:
+        """The workers serve `version` (found so at start, with nothing to push)."""
+        self._tell("log_served", version)
+
+    def push_failed(self) -> None:
+        self._tell("log_push_failure")
+
+    def close(self) -> None:
+        """Close every sink (at the end of the run)."""
+        self._tell("close")
+        self.sinks = []
+
+    def _tell(self, method: str, *args: Any) -> None:
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception:
+                logger.exception("the %s metrics sink failed (%s); it is off for the rest of the run",
+                                 sink.name, method)
+                self.sinks.remove(sink)
 
 
 def summary(metrics: Mapping[str, float]) -> str:

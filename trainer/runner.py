@@ -9,7 +9,7 @@ import logging
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from storage.records import TrainingSample
 from trainer.config import RayConfig, TrainerConfig
 from trainer.distributed.handle import DistributedPolicy, start_distributed_policy
 from trainer.driver import Driver, PolicyHandle
+from trainer.metrics import TrainerMetrics, serve_trainer_metrics
 from trainer.monitor import Monitor
 from trainer.policy import Policy
 from trainer.promotion import CandidateGate
+from trainer.telemetry.sinks import open_sinks
 from trainer.weights.distributed import DistributedSync
 from trainer.weights.lora import LoraSync
 
@@ -111,8 +113,13 @@ async def train(
     `gate` opens the candidate gate of eval-gated promotion (trainer/promotion.py) for the run."""
     if not worker_urls:
         raise ValueError("the trainer needs at least one worker URL to push weights to")
+    monitor = open_monitor(config, run_dir, run_settings(config, serving_config, worker_urls))
     engine = create_engine(storage_config)
-    policy = start_policy(serving_config.model, config, serving_config.cache_dir)
+    try:
+        policy = start_policy(serving_config.model, config, serving_config.cache_dir)
+    except BaseException:
+        monitor.close()
+        raise
     try:
         async with (
             WorkerPool(serving_config.client, worker_urls) as pool,
@@ -128,7 +135,7 @@ async def train(
                 policy,
                 pool.clients,
                 checkpoint_dir,
-                Monitor(run_dir / METRICS_FILE),
+                monitor,
                 gate=opened_gate,
                 sync=lora or distributed,
             )
@@ -140,6 +147,31 @@ async def train(
     finally:
         policy.kill()
         await engine.dispose()
+        monitor.close()
+
+
+def run_settings(
+    config: TrainerConfig, serving_config: ServingConfig, worker_urls: Sequence[str]
+) -> dict[str, Any]:
+    """What a run is, as experiment trackers record it once: the trainer's config, the model, the workers."""
+    return {"trainer": config.model_dump(mode="json"), "model": serving_config.model,
+            "workers": list(worker_urls)}
+
+
+def open_monitor(config: TrainerConfig, run_dir: Path, settings: Mapping[str, Any]) -> Monitor:
+    """The run's Monitor: `<run dir>/metrics.jsonl`, the Prometheus endpoint when `trainer.metrics_port` is
+    set, and the TensorBoard, W&B and MLflow sinks configured (a TelemetryError when one's library is
+    missing)."""
+    metrics = TrainerMetrics()
+    if config.metrics_port is not None:
+        serve_trainer_metrics(metrics, config.metrics_host, config.metrics_port)
+    try:
+        sinks = open_sinks(run_dir, settings, tensorboard=config.tensorboard, wandb=config.wandb,
+                           mlflow=config.mlflow)
+    except BaseException:
+        metrics.close()
+        raise
+    return Monitor(run_dir / METRICS_FILE, [metrics, *sinks])
 
 
 async def lora_sync(

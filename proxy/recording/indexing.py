@@ -46,5 +46,7 @@ class IndexingRecorder(Recorder):
         metrics = self._metrics
         for record in records:
             metrics.completions.labels(record.finish_reason).inc()
+        if records:
+            metrics.saw_versions(records[-1].output_versions)
         metrics.tokens.labels("prompt").inc(prompt_tokens)
         metrics.tokens.labels("completion").inc(output_tokens)

@@ -64,6 +64,12 @@ class Recorder:
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._writing = 0  # calls in the transaction under way
+
+    @property
+    def backlog(self) -> int:
+        """Calls waiting for their completions to be written: queued, or in the transaction under way."""
+        return self._queue.qsize() + self._writing
 
     def start(self) -> None:
         if self._task is None:
@@ -104,7 +110,9 @@ class Recorder:
                     break
                 batch.append(item)
                 count += len(item.records)
+            self._writing = len(batch)
             await self._write(batch)
+            self._writing = 0
         # Anything queued after the stop marker (a race with stop()) still gets an answer.
         while not self._queue.empty():
             item = self._queue.get_nowait()

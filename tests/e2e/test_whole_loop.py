@@ -1,6 +1,8 @@
 """The whole loop as users run it: `flywheel up`'s processes (CPU engine, proxy, Ray trainer) on loopback,
 an agent that only knows base_url + api_key (the real `openai` client) and REST rewards, on SQLite and
-Postgres. The trainer must take at least 3 steps and the agent must see the new weights."""
+Postgres. The trainer must take at least 3 steps and the agent must see the new weights; the trainer's
+/metrics answers where `flywheel up` said, its TensorBoard files hold every step, and the proxy's /metrics
+the policy version it served."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from transformers import AutoTokenizer
 from storage.config import StorageConfig
 from storage.engine import create_engine, create_sessionmaker
 from storage.models import Completion, PolicyVersion, TrainStep
+from tests.support.metrics_readers import tensorboard_scalars, try_scrape, value
 from tests.support.stack import rest, running_stack, stack_overrides, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -66,6 +69,13 @@ def test_agent_traffic_trains_the_served_policy(empty_db_url, tiny_model_dir, tm
         worker_url = next(o.split("=", 1)[1] for o in overrides if o.startswith("serving.port="))
         worker_url = f"http://127.0.0.1:{worker_url}"
         assert engine_version(worker_url) == "default"
+        # Before any group is played the trainer cannot finish: its /metrics is up, idle claims counting.
+        trainer_metrics = stack.metrics["trainer"]
+        idle = wait_for(lambda: try_scrape(trainer_metrics), 180, "the trainer's /metrics", stack)
+        claims = "flywheel_trainer_claims_total"
+        wait_for(lambda: (value(try_scrape(trainer_metrics) or idle, claims, result="empty") or 0)
+                 > (value(idle, claims, result="empty") or 0), 180, "an empty claim counted", stack)
+        assert value(idle, "flywheel_trainer_steps_total") == 0
 
         def trained_enough() -> bool:
             if engine_version(worker_url) == str(STEPS):
@@ -80,8 +90,14 @@ def test_agent_traffic_trains_the_served_policy(empty_db_url, tiny_model_dir, tm
             policy = admin.get("/rl/v1/policy").json()
             assert policy["policy_version"] == STEPS
             assert policy["newest"]["version"] == STEPS and policy["newest"]["status"] == "promoted"
+        served = try_scrape(f"{stack.root_url}/metrics")
+        assert served is not None and value(served, "flywheel_proxy_policy_version") == STEPS
+        hook_runner = try_scrape(stack.metrics["rewards"])  # the hook runner `flywheel up` started
+        assert hook_runner is not None and value(hook_runner, "flywheel_reward_hook_jobs_in_flight") == 0
 
     completions, versions, steps = asyncio.run(read_rows(empty_db_url))
+    rewards = tensorboard_scalars(tmp_path / "run" / "tensorboard")["reward/mean"]
+    assert [step for step, _ in rewards] == list(range(1, STEPS + 1))
     assert sorted(versions)[-STEPS:] == list(range(1, STEPS + 1))
     assert [step.policy_version for step in steps] == list(range(1, STEPS + 1))
     by_id = {row.id: row for row in completions}
