@@ -16,6 +16,7 @@ from storage.export_queries import RUN_METADATA_KEY
 from storage.ops_queries import SessionFilter, list_sessions, session_trajectories
 from storage.records import CompletionRecord
 from storage.reward_jobs import jobs_of_session
+from storage.sequences import tree_order
 
 
 def reward_total(rewards: SessionRewards) -> float | None:
@@ -95,24 +96,6 @@ async def gather_session(
             for t in samples
         ],
     }
-
-
-def tree_order(completions: Sequence[CompletionRecord]) -> list[tuple[CompletionRecord, int, int]]:
-    """Completions (call order) depth first, children in call order, each with its depth and its full
-    prompt's length (its stored suffix plus its parent's prompt and output)."""
-    ids = {c.id for c in completions}
-    children: dict[str | None, list[CompletionRecord]] = {}
-    for c in completions:
-        children.setdefault(c.parent_id if c.parent_id in ids else None, []).append(c)
-    ordered: list[tuple[CompletionRecord, int, int]] = []
-    stack = [(c, 0, 0) for c in reversed(children.get(None, []))]
-    while stack:
-        node, depth, inherited = stack.pop()
-        prompt = inherited + len(node.prompt_ids)
-        ordered.append((node, depth, prompt))
-        below = prompt + len(node.output_ids)
-        stack.extend((child, depth + 1, below) for child in reversed(children.get(node.id, [])))
-    return ordered
 
 
 def _completion_json(

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.anthropic.routes import build_anthropic_router
 from proxy.anthropic.routes import hot_routes as anthropic_hot_routes
 from proxy.config import ProxyConfig
+from proxy.dashboard.routes import build_dashboard_router
 from proxy.errors import install_error_handlers
 from proxy.hot_routes import HotRoute, ProxyApp
 from proxy.openai.probes import build_probe_router
@@ -56,12 +57,15 @@ def create_proxy_app(
     app.include_router(build_anthropic_router())
     app.include_router(build_probe_router())
     app.include_router(build_rl_router())
+    app.include_router(build_dashboard_router())
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     return app
 
 
 async def metrics(services: Annotated[ProxyServices, Depends(get_services)]) -> Response:
+    """Prometheus text; gauges of queues are read now rather than on every request."""
+    services.metrics.record_queue.set(services.recorder.backlog)
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

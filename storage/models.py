@@ -147,6 +147,7 @@ class Session(Base):
             name="ended_at_matches_status",
         ),
         Index("ix_sessions_owner_conversation", "owner_key_hash", "conversation"),
+        Index("ix_sessions_created_at_id", "created_at", "id"),  # the dashboard's table, newest first
         # Admission control counts the sessions holding a slot (storage/admission.py): only those.
         Index(
             "ix_sessions_holds_slot",
@@ -189,6 +190,7 @@ class Completion(Base):
             name="output_lengths_match",
         ),
         Index("ix_completions_session_id_created_at", "session_id", "created_at"),
+        Index("ix_completions_created_at", "created_at"),  # the dashboard's throughput windows
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -261,6 +263,7 @@ class Trajectory(Base):
             sqlite_where=text("consumed_step IS NULL AND dropped_at IS NULL"),
             postgresql_where=text("consumed_step IS NULL AND dropped_at IS NULL"),
         ),
+        Index("ix_trajectories_created_at", "created_at"),  # the dashboard's throughput windows
     )
 
     id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)
@@ -385,6 +388,7 @@ class RewardJob(Base):
         Index("ux_reward_jobs_session_source", "session_id", "source", unique=True),
         Index("ux_reward_jobs_group_source", "group_id", "source", unique=True),
         Index("ix_reward_jobs_state_run_after", "state", "run_after"),
+        Index("ix_reward_jobs_finished_at", "finished_at"),  # the dashboard's throughput windows
     )
 
     id: Mapped[int] = mapped_column(BigIntKey, primary_key=True)

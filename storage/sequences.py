@@ -1,4 +1,5 @@
-"""Rebuild full token sequences from a chain of completions that each store only their suffix."""
+"""Rebuild full token sequences from a chain of completions that each store only their suffix, and order a
+session's completions as their conversation tree (`flywheel sessions show`, the dashboard)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,21 @@ def full_token_ids(chain: Sequence[CompletionRecord]) -> IntArray:
     """The last completion's whole sequence: its full prompt followed by its output."""
     output = np.asarray(chain[-1].output_ids, dtype=np.int32) if chain else np.empty(0, np.int32)
     return np.concatenate([full_prompt_ids(chain), output]).astype(np.int32, copy=False)
+
+
+def tree_order(completions: Sequence[CompletionRecord]) -> list[tuple[CompletionRecord, int, int]]:
+    """Completions (call order) depth first, children in call order, each with its depth and its full
+    prompt's length (its stored suffix plus its parent's prompt and output)."""
+    ids = {c.id for c in completions}
+    children: dict[str | None, list[CompletionRecord]] = {}
+    for c in completions:
+        children.setdefault(c.parent_id if c.parent_id in ids else None, []).append(c)
+    ordered: list[tuple[CompletionRecord, int, int]] = []
+    stack = [(c, 0, 0) for c in reversed(children.get(None, []))]
+    while stack:
+        node, depth, inherited = stack.pop()
+        prompt = inherited + len(node.prompt_ids)
+        ordered.append((node, depth, prompt))
+        below = prompt + len(node.output_ids)
+        stack.extend((child, depth + 1, below) for child in reversed(children.get(node.id, [])))
+    return ordered
