@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="claim and run reward hook jobs until Ctrl-C; several may share one database",
     )
     run_hooks.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics here")
+    run_hooks.add_argument("--metrics-host", default="127.0.0.1",
+                           help="interface of the metrics port (0.0.0.0 for a Prometheus elsewhere)")
     reward_actions.add_parser("hooks", help="list the built-in reward hooks",
                               description="the built-in reward hooks")
     keys = command("keys", "API keys: create, list, revoke")
@@ -204,10 +206,16 @@ def _run_up(config: FlywheelConfig, args: argparse.Namespace) -> int:
 
     _exit_on_sigterm()
 
-    from flywheel.stack import describe, run_until_stopped, start_stack
+    from flywheel.progress import PhaseBar, progress_bar
+    from flywheel.stack import describe, run_until_stopped, start_stack, startup_phases
 
     async def up() -> int:
-        stack = await start_stack(config, args.config, args.overrides, online=args.online)
+        with progress_bar(startup_phases(config), desc="start-up", unit="phase") as bar:
+            phases = PhaseBar(bar)
+            stack = await start_stack(
+                config, args.config, args.overrides, online=args.online, on_phase=phases
+            )
+            phases.finish()
         print(describe(stack, config.run.dir), flush=True)
         return await run_until_stopped(stack)
 
@@ -306,7 +314,7 @@ def _run_rewards(config: FlywheelConfig, args: argparse.Namespace) -> int:
         print(list_hooks())
         return 0
     _check_storage(config)
-    return asyncio.run(run_hooks(config, args.metrics_port))
+    return asyncio.run(run_hooks(config, args.metrics_port, args.metrics_host))
 
 
 def _run_demo(config: FlywheelConfig, args: argparse.Namespace) -> int:

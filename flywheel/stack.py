@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ class Stack:
     admin_key: str
     online_key: str | None = None  # `flywheel up --online`: a key for live traffic
     children: list[ChildProcess] = field(default_factory=list)
+    metrics: dict[str, str] = field(default_factory=dict)  # process name → its Prometheus /metrics URL
 
     def stop(self) -> None:
         # Trainer first (it finishes its step), the hook runner (it hands its jobs back), then the proxy
@@ -45,6 +46,15 @@ class Stack:
         return next((child for child in self.children if not child.alive()), None)
 
 
+def startup_phases(config: FlywheelConfig, trainer: bool = True) -> int:
+    """How many phases `start_stack` tells its `on_phase` of (a start-up bar's total): the database, the
+    admin key, the model, each engine it starts, the eval engine of gated promotion, the proxy, the hook
+    runner and the trainer."""
+    engines = 0 if config.serving.worker_urls else config.serving.num_workers
+    evaluates = config.trainer.promotion.enabled and config.online.eval.worker_url is None
+    return 3 + engines + int(evaluates) + 2 + int(trainer)
+
+
 async def start_stack(
     config: FlywheelConfig,
     config_path: str | None,
@@ -52,19 +62,26 @@ async def start_stack(
     *,
     trainer: bool = True,
     online: bool = False,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Stack:
     """Migrate, convert the model once, start engines (unless `serving.worker_urls`), the eval engine
     of gated promotion (unless `online.eval.worker_url`), the proxy, the reward hook runner and the
-    trainer; return once each answers its health check. `online` also makes an online key."""
+    trainer; return once each answers its health check. `online` also makes an online key. `on_phase` is
+    told each start-up phase as it begins (`flywheel demo` draws them as a bar)."""
     from serving.models.loading import default_cache_dir, resolve_model_dir
+    from serving.threaded_server import free_port
     from storage import migrate
 
     run_dir, logs = config.run.dir, config.run.dir / "logs"
     run_dir.mkdir(parents=True, exist_ok=True)
+    phase = on_phase or (lambda name: None)
+    phase("migrate the database")
     await asyncio.to_thread(migrate.upgrade, config.storage.url)
+    phase("create the admin key")
     admin_key = await _new_key(config, "admin", ADMIN_KEY_FILE)
     serving = config.serving
     # Convert/build the model here, once, rather than in every engine and the trainer at the same time.
+    phase("prepare the model")
     await asyncio.to_thread(resolve_model_dir, serving.model, serving.cache_dir or default_cache_dir())
     stack = Stack(f"http://{config.proxy.host}:{config.proxy.port}", admin_key)
     if online:
@@ -75,24 +92,48 @@ async def start_stack(
             for index in range(serving.num_workers):
                 stack.children.append(start_engine(config_path, overrides, index, logs))
             for child, url in zip(stack.children, serving.resolved_worker_urls(), strict=True):
+                phase(f"start {child.name}")
                 await wait_healthy(child, f"{url}/health", timeout_s=600)
         if config.trainer.promotion.enabled and config.online.eval.worker_url is None:
+            phase("start the eval engine")
             url = await _start_eval_engine(stack, config, config_path, overrides)
             trainer_overrides.append(f"online.eval.worker_url={url}")
         # Reward hooks run in a process of their own: grading never takes the proxy's CPU.
         apart = (*overrides, "rewards.runner.in_proxy=false")
+        phase("start the proxy")
         proxy = start_child("proxy", flywheel_command("proxy", config_path, apart), logs)
         stack.children.append(proxy)
         await wait_healthy(proxy, f"{stack.root_url}/health", timeout_s=120)
-        runner = flywheel_command("rewards", config_path, apart, "run")
+        phase("start the reward hook runner")
+        runner_port = free_port("127.0.0.1")  # its metrics, on loopback
+        runner = flywheel_command("rewards", config_path, apart, "run", "--metrics-port", str(runner_port))
+        stack.metrics["rewards"] = f"http://127.0.0.1:{runner_port}/metrics"
         stack.children.append(start_child("rewards", runner, logs))
+        stack.metrics["proxy"] = f"{stack.root_url}/metrics"
+        if not serving.worker_urls:
+            for index, url in enumerate(serving.resolved_worker_urls()):
+                stack.metrics[f"engine-{index}"] = f"{url}/metrics"
         if trainer:
+            stack.metrics["trainer"] = trainer_metrics_url(config, trainer_overrides)
+            phase("start the trainer")
             argv = flywheel_command("trainer", config_path, trainer_overrides)
             stack.children.append(start_child("trainer", argv, logs))
     except BaseException:
         stack.stop()
         raise
     return stack
+
+
+def trainer_metrics_url(config: FlywheelConfig, trainer_overrides: list[str]) -> str:
+    """The trainer's metrics URL: on `trainer.metrics_port`, or a free port drawn here (and added to its
+    overrides) when that is unset or 0, so that it can be printed."""
+    from serving.threaded_server import free_port
+
+    host, port = config.trainer.metrics_host, config.trainer.metrics_port
+    if not port:
+        port = free_port("127.0.0.1" if host in ("0.0.0.0", "::") else host)
+        trainer_overrides.append(f"trainer.metrics_port={port}")
+    return f"http://{host}:{port}/metrics"
 
 
 async def _start_eval_engine(
@@ -165,9 +206,11 @@ def describe(stack: Stack, run_dir: Path) -> str:
     online = ""
     if stack.online_key is not None:
         online = f"online key: {stack.online_key}   (also in {run_dir / ONLINE_KEY_FILE})\n"
+    metrics = "".join(f"metrics:    {url}   ({name}, Prometheus)\n" for name, url in stack.metrics.items())
     return (
         f"proxy:      {stack.root_url}/v1   (OpenAI API; RL API under {stack.root_url}/rl/v1)\n"
         f"admin key:  {stack.admin_key}   (also in {run_dir / ADMIN_KEY_FILE})\n"
         f"{online}"
+        f"{metrics}"
         f"logs:       {run_dir / 'logs'}/   pid {os.getpid()}; Ctrl-C stops everything"
     )

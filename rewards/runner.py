@@ -6,6 +6,13 @@ process; any number of runners may share one database.
 Nothing is lost or doubled when a runner dies: a job's rewards and its "done" are one transaction, taken
 only while the runner still holds the job's lease, and a job whose lease expires is run again by whoever
 claims it next. A runner that stops cleanly hands its running jobs back.
+
+A job's timeout counts its run time only. With more jobs at once (`concurrency`) than pool workers
+(`workers`), a function hook's item may wait behind others for a worker; that wait stops the job's clock
+(`WaitClock`, rewards/hooks/pool.py), and the runner extends the job's lease while it waits so that no other
+runner takes it over. A wedged pool still cannot hold a job forever: its total time, waits included, is
+capped at `job_time_cap` (its timeout plus `concurrency` times the longer of its timeout and the default
+one), past which it fails with a TimeoutError and is retried like any other timeout.
 """
 
 from __future__ import annotations
@@ -17,13 +24,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 
 from rewards.config import HookRunnerConfig
 from rewards.hooks.adapters import HookConfigError
-from rewards.hooks.contract import GroupInput, HookContext, HookLevel, HookPool, SessionInput
-from rewards.hooks.pool import ProcessHookPool
+from rewards.hooks.contract import GroupInput, Hook, HookContext, HookLevel, HookPool, SessionInput
+from rewards.hooks.pool import JobPool, ProcessHookPool, WaitClock
 from rewards.hooks.registry import HookRegistry
 from rewards.hooks.spec import HookSpec
 from rewards.inputs import group_input, session_input
@@ -57,6 +65,22 @@ def job_timeout(spec: HookSpec, config: HookRunnerConfig) -> float:
     return spec.timeout_s if spec.timeout_s is not None else config.timeout_s
 
 
+def job_time_cap(timeout_s: float, config: HookRunnerConfig) -> float:
+    """The most a job may take, waits for a pool worker included: its run time, plus a wait as long as every
+    other job this runner holds running to the longer of its own and the default limit first (one worker)."""
+    return timeout_s + config.concurrency * max(timeout_s, config.timeout_s)
+
+
+def lease_check_interval(config: HookRunnerConfig) -> float:
+    """How often a job waiting for a pool worker checks its lease: often enough that the lease, renewed
+    once less than half the margin is left beyond the job's deadline, never runs out."""
+    return config.lease_margin_s / 4
+
+
+class LeaseLostError(Exception):
+    """Another runner took the job over while it waited for a pool worker."""
+
+
 class HookRunner:
     """Runs reward hook jobs from the database until stopped (see the module docstring)."""
 
@@ -78,6 +102,7 @@ class HookRunner:
         self._pool = pool
         self._http: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._metrics.track_jobs(lambda: len(self._tasks))
         self._wake = asyncio.Event()
 
     @contextlib.asynccontextmanager
@@ -125,6 +150,7 @@ class HookRunner:
         if free <= 0:
             return 0
         lease_s = self.config.timeout_s + self.config.lease_margin_s
+        claimed_at = time.monotonic()  # no later than the lease's start: its end is estimated early
         try:
             jobs = await claim_jobs(self._session_factory, free, lease_s)
         except Exception as exc:  # a background loop outlives a database hiccup
@@ -134,7 +160,8 @@ class HookRunner:
                 logger.exception("reward hooks: claiming jobs failed; retrying")
             return 0
         for job in jobs:
-            task = asyncio.create_task(self._run_job(job), name=f"reward job {job.id} ({job.source})")
+            task = asyncio.create_task(self._run_job(job, claimed_at + lease_s),
+                                       name=f"reward job {job.id} ({job.source})")
             self._tasks.add(task)
             task.add_done_callback(self._job_done)
         return len(jobs)
@@ -151,10 +178,10 @@ class HookRunner:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run_job(self, job: ClaimedJob) -> None:
+    async def _run_job(self, job: ClaimedJob, lease_until: float) -> None:
         started = time.monotonic()
         try:
-            outcome = await self._attempt(job)
+            outcome = await self._attempt(job, lease_until)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await release_job(self._session_factory, job)
@@ -163,7 +190,7 @@ class HookRunner:
         if outcome.state in ("done", "failed") and self._on_settled is not None:
             self._on_settled(outcome.session_ids)
 
-    async def _attempt(self, job: ClaimedJob) -> JobOutcome:
+    async def _attempt(self, job: ClaimedJob, lease_until: float) -> JobOutcome:
         level: HookLevel = "group" if job.group_id is not None else "session"
         try:
             spec = HookSpec.model_validate(job.spec)
@@ -174,18 +201,13 @@ class HookRunner:
         sessions = [s.session_id for s in subject.sessions] if isinstance(subject, GroupInput) else [
             subject.session_id]
         timeout_s = job_timeout(spec, self.config)
-        if timeout_s > self.config.timeout_s and not await extend_lease(
-            self._session_factory, job, timeout_s + self.config.lease_margin_s
-        ):
-            return JobOutcome("lost", ())
-        assert self._pool is not None
-        context = HookContext(job_id=f"{job.session_id or job.group_id}/{job.source}", attempt=job.attempts,
-                              timeout_s=timeout_s, pool=self._pool, http=self._http)
         try:
-            result = await asyncio.wait_for(hook(subject, context), timeout_s)
+            result = await self._run_hook(job, hook, subject, timeout_s, lease_until)
             rows, summary = reward_rows(result, subject, spec.weight)
         except asyncio.CancelledError:
             raise
+        except LeaseLostError:
+            return JobOutcome("lost", ())
         except TimeoutError as exc:
             # The job's own limit, or one item of its work past its limit in the pool (HookTimeoutError).
             error = f"{type(exc).__name__}: {exc}" if str(exc) else f"timed out after {timeout_s:g} s"
@@ -197,6 +219,62 @@ class HookRunner:
                            job.source)
             return JobOutcome("lost", ())
         return JobOutcome("done", tuple(sessions))
+
+    async def _run_hook(
+        self, job: ClaimedJob, hook: Hook, subject: SessionInput | GroupInput, timeout_s: float,
+        lease_until: float,
+    ) -> Any:
+        """Run `hook` on `subject` for at most `timeout_s` seconds of run time (see the module docstring):
+        its result, TimeoutError past its limit or its cap, LeaseLostError when the job was taken over."""
+        assert self._pool is not None
+        clock = WaitClock()
+        context = HookContext(job_id=f"{job.session_id or job.group_id}/{job.source}", attempt=job.attempts,
+                              timeout_s=timeout_s, pool=JobPool(self._pool, clock), http=self._http)
+        task = asyncio.ensure_future(hook(subject, context))
+        try:
+            return await self._watch(job, task, clock, timeout_s, lease_until)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _watch(
+        self, job: ClaimedJob, task: asyncio.Future[Any], clock: WaitClock, timeout_s: float,
+        lease_until: float,
+    ) -> Any:
+        """Wait for `task`, renewing the job's lease while the job's deadline moves (it waits for a worker)
+        or lies beyond it (a hook timeout longer than the claim's lease)."""
+        margin_s = self.config.lease_margin_s
+        cap_s = job_time_cap(timeout_s, self.config)
+        while True:
+            left_s = timeout_s - clock.run_time()
+            if left_s <= 0:
+                raise TimeoutError(f"timed out after {timeout_s:g} s")
+            if clock.elapsed() >= cap_s:
+                raise TimeoutError(f"gave up after {cap_s:g} s, {clock.waited():.1f} s of it waiting for a "
+                                   "hook pool worker")
+            now = time.monotonic()
+            if lease_until - (now + left_s) < margin_s / 2:
+                lease_until = await self._renew_lease(job, now, left_s + margin_s, lease_until)
+            wake_s = min(left_s, cap_s - clock.elapsed())
+            if clock.waiting:
+                wake_s = min(wake_s, lease_check_interval(self.config))
+            done, _ = await asyncio.wait({task}, timeout=max(wake_s, 0.0))
+            if done:
+                return task.result()
+
+    async def _renew_lease(self, job: ClaimedJob, now: float, lease_s: float, lease_until: float) -> float:
+        """Hold the job `lease_s` from `now`: the lease's new end (the old one when the database could not be
+        reached: the next check tries again); LeaseLostError when another runner holds the job."""
+        try:
+            held = await extend_lease(self._session_factory, job, lease_s)
+        except Exception as exc:  # a database hiccup; the lease still has part of its margin
+            logger.warning("reward job %d (%s): could not extend its lease (%s); retrying", job.id,
+                           job.source, exc)
+            return lease_until
+        if not held:
+            raise LeaseLostError(f"reward job {job.id} was taken over")
+        return now + lease_s
 
     async def _failed(
         self, job: ClaimedJob, error: str, *, final: bool, sessions: Sequence[str]

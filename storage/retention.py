@@ -9,10 +9,11 @@ batch at a time: a SQLite writer waits for the purge no longer than one batch's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, exists, or_, select, update
+from sqlalchemy import ColumnElement, Select, exists, func, or_, select, update
 
 from storage.engine import SessionFactory, write_transaction
 from storage.models import Completion, Session, SessionStatus, Trajectory
@@ -48,11 +49,23 @@ def purgeable(cutoff: datetime, limit: int) -> Select[str]:
     )
 
 
+async def count_purgeable(
+    session_factory: SessionFactory, older_than_s: float, now: datetime | None = None
+) -> int:
+    """How many completions a purge with `older_than_s` would purge now (a progress bar's total)."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=older_than_s)
+    query = select(func.count()).select_from(purgeable(cutoff, 1).limit(None).subquery())
+    async with session_factory() as db:
+        return int(await db.scalar(query) or 0)
+
+
 async def purge_raw_json(
-    session_factory: SessionFactory, older_than_s: float, batch: int = 500, now: datetime | None = None
+    session_factory: SessionFactory, older_than_s: float, batch: int = 500, now: datetime | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> int:
     """Purge the raw JSON of every completion past retention (`older_than_s` seconds after its session
-    ended), `batch` completions per transaction; the number purged."""
+    ended), `batch` completions per transaction, telling `on_batch` each written batch's size; the number
+    purged."""
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=older_than_s)
     query = purgeable(cutoff, batch)
     total = 0
@@ -66,6 +79,8 @@ async def purge_raw_json(
                     .where(Completion.id.in_(ids))
                     .values(request_json=PURGED, response_json=PURGED)
                 )
+            if on_batch is not None:
+                on_batch(len(ids))
         total += len(ids)
         if len(ids) < batch:
             return total

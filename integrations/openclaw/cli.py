@@ -6,8 +6,9 @@ of an interactive OpenClaw chat.
     python -m integrations.openclaw feedback --base-url http://127.0.0.1:8000 --api-key ONLINE_KEY \\
         --thumbs up --comment "read the right file"
 
-`tasks` prints one JSON line per task (session, final answer, tools used, reward). `feedback` posts a
-judgement of the key's newest completion (or `--completion-id`).
+`tasks` prints one JSON line per task (session, final answer, tools used, reward) on stdout, and on a
+terminal a bar over the tasks on stderr (`--no-progress`: none). `feedback` posts a judgement of the key's
+newest completion (or `--completion-id`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from integrations.gsm8k.rl_api import FlywheelAPIError, RLClient
-from integrations.openclaw.driver import DEFAULT_HOOK, OpenClawCli, load_tasks, run_tasks
+from integrations.openclaw.driver import DEFAULT_HOOK, OpenClawCli, TaskResult, load_tasks, run_tasks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--timeout-s", type=float, default=600.0, help="per task")
     tasks.add_argument("--workdir", type=Path, default=None, help="where task workspaces go (a temp dir)")
     tasks.add_argument("--report", type=Path, default=None, help="also write the results here as JSON")
+    tasks.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                       help="no bar over the tasks on stderr (default: one when stderr is a terminal)")
     feedback = commands.add_parser("feedback", help="judge a completion (default: the key's newest)")
     feedback.add_argument("--base-url", required=True)
     feedback.add_argument("--api-key", required=True, help="the online key the chat used")
@@ -65,13 +69,43 @@ def _tasks(args: argparse.Namespace) -> int:
     hooks = hooks if isinstance(hooks, list) else [hooks]
     tasks = load_tasks(args.tasks)
     cli = OpenClawCli(args.openclaw, args.timeout_s)
-    with RLClient(args.base_url, args.api_key) as client, tempfile.TemporaryDirectory() as scratch:
-        results = run_tasks(client, cli, tasks, hooks, args.workdir or Path(scratch))
+    bar = TaskBar(len(tasks), args.progress)
+    try:
+        with RLClient(args.base_url, args.api_key) as client, tempfile.TemporaryDirectory() as scratch:
+            results = run_tasks(client, cli, tasks, hooks, args.workdir or Path(scratch), on_result=bar)
+    finally:
+        bar.close()
     for result in results:
         print(json.dumps(asdict(result)))
     if args.report is not None:
         args.report.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
     return 0 if all(r.ok for r in results) else 1
+
+
+class TaskBar:
+    """A bar over the tasks on stderr (`enabled` None: only when stderr is a terminal), with how many
+    succeeded and their mean reward; an `on_result` for `run_tasks`."""
+
+    def __init__(self, total: int, enabled: bool | None, file: Any = None) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc="openclaw tasks", unit="task", file=file or sys.stderr,
+                        disable=None if enabled is None else not enabled, dynamic_ncols=True)
+        self.ok = 0
+        self.rewards: list[float] = []
+
+    def __call__(self, result: TaskResult) -> None:
+        self.ok += result.ok
+        if result.reward is not None:
+            self.rewards.append(result.reward)
+        postfix: dict[str, Any] = {"ok": self.ok}
+        if self.rewards:
+            postfix["reward"] = f"{sum(self.rewards) / len(self.rewards):.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _feedback(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,14 +147,18 @@ def run_task(
 
 def run_tasks(
     client: RLClient, cli: OpenClawCli, tasks: Sequence[Task], hooks: Sequence[dict[str, Any]],
-    workdir: Path,
+    workdir: Path, on_result: Callable[[TaskResult], None] | None = None,
 ) -> list[TaskResult]:
-    """Each task in turn, on the proxy's served model; a task OpenClaw fails is reported, not raised."""
+    """Each task in turn, on the proxy's served model; a task OpenClaw fails is reported, not raised.
+    `on_result` is told each task's result as it comes (the command's progress bar)."""
     model = client.served_model()
     results = []
     for task in tasks:
         try:
-            results.append(run_task(client, cli, task, model, hooks, workdir))
+            result = run_task(client, cli, task, model, hooks, workdir)
         except (RuntimeError, subprocess.TimeoutExpired, FlywheelAPIError) as exc:
-            results.append(TaskResult(task.id, "", False, "", [], 0, None, str(exc)))
+            result = TaskResult(task.id, "", False, "", [], 0, None, str(exc))
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results

@@ -3,6 +3,8 @@ proxy, every sample a session of its problem's group; writes a JSON report.
 
     python -m integrations.scaffoldings --base-url http://127.0.0.1:8000 --api-key ADMIN_KEY \\
         --controller majority --samples 4 --data gsm8k_test.jsonl --problems 20
+
+On a terminal a bar over the problems shows on stderr (`--no-progress`: none).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from integrations.gsm8k.agent import SYSTEM_PROMPT
 from integrations.gsm8k.problems import Problem, generate_problems, load_jsonl
 from integrations.gsm8k.rl_api import FlywheelAPIError
 from integrations.gsm8k.scoring import DEFAULT_FORMAT_BONUS
 from integrations.scaffoldings.gsm8k import CONTROLLERS, REWARDS, ExampleSettings, run
+from integrations.scaffoldings.trajectory import Rollout
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--hook-timeout", type=float, default=600.0, help="seconds to wait for a hook to grade a session")
     add("--report", default="scaffolding_report.json", help="where to write the JSON report")
     add("--log-level", default="WARNING")
+    add("--no-progress", dest="progress", action="store_false", default=None,
+        help="no bar over the problems on stderr (default: one when stderr is a terminal)")
     return parser
 
 
@@ -58,6 +64,27 @@ def load(args: argparse.Namespace) -> list[Problem]:
         return generate_problems(args.generated, seed=0)
     problems = load_jsonl(args.data)
     return problems if args.problems is None else problems[: args.problems]
+
+
+class ProblemBar:
+    """A bar over the problems on stderr (`enabled` None: only when stderr is a terminal), with the mean
+    reward of the samples so far; an `on_done` for `run`."""
+
+    def __init__(self, total: int, enabled: bool | None, file: Any = None) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc="problems", unit="problem", file=file or sys.stderr,
+                        disable=None if enabled is None else not enabled, dynamic_ncols=True)
+        self.rewards: list[float] = []
+
+    def __call__(self, rollout: Rollout) -> None:
+        self.rewards += [s.reward for s in rollout.samples if s.reward is not None]
+        if self.rewards:
+            self.bar.set_postfix(reward=f"{sum(self.rewards) / len(self.rewards):.3f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = load(args)
         if not problems:
             raise ValueError("no problems to run")
-        result = run(args.base_url, args.api_key, problems, settings, model=args.model)
+        bar = ProblemBar(len(problems), args.progress)
+        try:
+            result = run(args.base_url, args.api_key, problems, settings, model=args.model, on_done=bar)
+        finally:
+            bar.close()
     except (FlywheelAPIError, ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +87,26 @@ def trajectory_maker(settings: ExampleSettings, task_for: TaskFor) -> FlywheelTr
                                    controller_kwargs={"sample_num": n})
 
 
+def finished_rollouts(
+    results: Sequence[Any], on_done: Callable[[Rollout], None] | None = None
+) -> list[Rollout]:
+    """Each request's rollout, waited for in order (`ScaffoldingResult.result()` raises the request's
+    error), `on_done` told of each as it is read (the command's progress bar)."""
+    rollouts = []
+    for result in results:
+        rollout = result.result().outputs[0].rollout
+        rollouts.append(rollout)
+        if on_done is not None:
+            on_done(rollout)
+    return rollouts
+
+
 def run(
     base_url: str, admin_key: str, problems: Sequence[Problem], settings: ExampleSettings,
-    model: str | None = None,
+    model: str | None = None, on_done: Callable[[Rollout], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every problem through the example's controller on the proxy at `base_url`; the report."""
+    """Run every problem through the example's controller on the proxy at `base_url`; the report.
+    `on_done` is told of each problem's rollout as it finishes, in problem order."""
     started = time.monotonic()
     with RLClient(base_url, admin_key) as rl:  # fails fast on a bad URL or key
         model = model or rl.served_model()
@@ -101,10 +116,9 @@ def run(
                                                  system_prompt=settings.system_prompt))
     llm.max_parallel_requests = settings.concurrency
     try:
-        results = llm.generate([p.question for p in problems])
+        rollouts = finished_rollouts([llm.generate_async(p.question) for p in problems], on_done)
     finally:
         llm.shutdown()
-    rollouts = [result.outputs[0].rollout for result in results]
     return report(settings, problems, rollouts, time.monotonic() - started, model)
 
 

@@ -6,6 +6,11 @@ caller gets `HookTimeoutError`. A worker that dies on its own (killed by the ker
 `HookWorkerDiedError`; an exception of the function itself comes back as itself. The event loop is never
 blocked: items are awaited through `asyncio.wrap_future`, and cancelling the awaiting task stops the item's
 worker.
+
+An item's timeout counts only its run time: pebble starts its clock when a worker takes the item, not while
+it waits behind other items for a free worker. `JobPool` carries that to a whole job: it is the pool as one
+job of the hook runner sees it, and its `WaitClock` stops while the job's items wait for a worker, so that
+the runner's per-job timeout does not charge a job for the queue.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
@@ -25,11 +31,15 @@ from typing import Any, TypeVar
 from pebble import ProcessExpired, ProcessPool
 from pebble.common.types import RemoteTraceback
 
-from rewards.hooks.contract import HookTimeoutError
+from rewards.hooks.contract import HookPool, HookTimeoutError
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+START_POLL_S = 0.05
+"""How often a waiting item's future is looked at to learn that a worker took it (a concurrent future
+tells its callbacks when it is done, not when it starts running)."""
 
 
 class HookWorkerDiedError(RuntimeError):
@@ -84,6 +94,17 @@ def pool_error(error: BaseException, timeout_s: float) -> BaseException:
     return error
 
 
+async def until_started(future: Future[Any], result: asyncio.Future[Any]) -> None:
+    """Return once a worker took `future`'s item or it ended; cancelled, cancel `result` (its wrapper on the
+    event loop), which drops the item from the pool's queue."""
+    try:
+        while not (future.running() or future.done()):  # noqa: ASYNC110 (no callback says "started")
+            await asyncio.sleep(START_POLL_S)
+    except asyncio.CancelledError:
+        result.cancel()
+        raise
+
+
 def stop_pebble_pool(pool: ProcessPool) -> None:
     """Stop `pool` at once and join its workers and threads (a worker that ignores SIGTERM is killed)."""
     pool.stop()
@@ -119,17 +140,26 @@ class ProcessHookPool:
         """Whether `close()` was called."""
         return self._closed
 
-    async def run(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T:
-        """Run `fn(*args)` in a worker and return its result. Past `timeout_s` seconds of running the
-        worker is killed and `HookTimeoutError` raised; a worker that dies raises `HookWorkerDiedError`;
-        `fn`'s own exception is raised as itself. An item that never started because the pool broke is
-        scheduled once more on a new pool."""
+    async def run(
+        self, fn: Callable[..., T], *args: Any, timeout_s: float, on_start: Callable[[], None] | None = None
+    ) -> T:
+        """Run `fn(*args)` in a worker and return its result. Past `timeout_s` seconds of running (time spent
+        waiting for a free worker does not count) the worker is killed and `HookTimeoutError` raised; a
+        worker that dies raises `HookWorkerDiedError`; `fn`'s own exception is raised as itself. An item
+        that never started because the pool broke is scheduled once more on a new pool. `on_start` is
+        called once, on the event loop, when the item stops waiting: a worker took it, or it ended
+        without one."""
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s}")
         for attempt in (1, 2):
             future = await self._schedule(fn, args, timeout_s)
             try:
-                return await asyncio.wrap_future(future)
+                result = asyncio.wrap_future(future)
+                if on_start is not None:
+                    await until_started(future, result)
+                    on_start()
+                    on_start = None
+                return await result
             except Exception as converted:
                 error = original_exception(future, converted)
             broken = isinstance(error, BrokenProcessPool) and not raised_by_function(error)
@@ -204,3 +234,86 @@ class ProcessHookPool:
         traceback: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.close)
+
+
+class WaitClock:
+    """A job's run time, which leaves out the time it spends waiting for a pool worker: the clock stops while
+    at least one of the job's items waits for a worker and none of them runs."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._started = now()
+        self._waiting = 0
+        self._running = 0
+        self._stopped_at: float | None = None
+        self._waited_s = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the job only waits for a worker now (its clock is stopped)."""
+        return self._stopped_at is not None
+
+    def elapsed(self) -> float:
+        """Seconds since the job started, waits included."""
+        return self._now() - self._started
+
+    def waited(self) -> float:
+        """Seconds the job has spent waiting for a worker."""
+        ongoing = 0.0 if self._stopped_at is None else self._now() - self._stopped_at
+        return self._waited_s + ongoing
+
+    def run_time(self) -> float:
+        """Seconds the job has run: elapsed, less its waits."""
+        return self.elapsed() - self.waited()
+
+    def queued(self) -> None:
+        """One of the job's items was handed to the pool and waits for a worker."""
+        self._waiting += 1
+        self._update()
+
+    def started(self) -> None:
+        """One of the job's waiting items left the queue (a worker took it)."""
+        self._waiting -= 1
+        self._running += 1
+        self._update()
+
+    def finished(self, started: bool) -> None:
+        """One of the job's items ended; `started`: whether it had left the queue."""
+        if started:
+            self._running -= 1
+        else:
+            self._waiting -= 1
+        self._update()
+
+    def _update(self) -> None:
+        stop = self._waiting > 0 and self._running == 0
+        if stop and self._stopped_at is None:
+            self._stopped_at = self._now()
+        elif not stop and self._stopped_at is not None:
+            self._waited_s += self._now() - self._stopped_at
+            self._stopped_at = None
+
+
+class JobPool:
+    """The hook runner's pool as one job sees it: each item's wait for a worker stops the job's `clock`. A
+    pool that cannot tell when an item starts (not a `ProcessHookPool`) counts the whole item as run time."""
+
+    def __init__(self, pool: HookPool, clock: WaitClock) -> None:
+        self.pool = pool
+        self.clock = clock
+
+    async def run(self, fn: Callable[..., T], *args: Any, timeout_s: float) -> T:
+        if not isinstance(self.pool, ProcessHookPool):
+            return await self.pool.run(fn, *args, timeout_s=timeout_s)
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            started = True
+            self.clock.started()
+
+        self.clock.queued()
+        try:
+            return await self.pool.run(fn, *args, timeout_s=timeout_s, on_start=on_start)
+        finally:
+            self.clock.finished(started)

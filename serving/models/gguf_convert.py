@@ -5,37 +5,63 @@ reads) dequantized into a plain transformers model, and save it as a safetensors
 hold packed GGUF modules that `save_pretrained` cannot write. So this builds the model from the GGUF's
 config and fills it with transformers' own dequantizer (the path `from_pretrained` itself takes for
 llama-family files, so the weights are the ones it would load).
+
+A conversion is slow enough to wonder about (reading the GGUF's tokenizer and metadata takes longer than
+dequantizing its tensors), so a bar on stderr, drawn only when stderr is a terminal as every Flywheel bar,
+counts its steps; transformers draws its own over the tensors it dequantizes.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.models.chat_template import CHATML_TOOLS_TEMPLATE
 from serving.models.tensors import copy_tensors_strict
 
 if TYPE_CHECKING:
     import torch
+    from tqdm import tqdm
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+CONVERSION_STEPS = ("read the tokenizer", "read the weights", "write safetensors")
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Write `gguf_path` to `out_dir` as float32 safetensors + config + generation config + tokenizer."""
+def conversion_bar(gguf_path: Path, enabled: bool | None) -> tqdm[Any]:
+    """The bar over `CONVERSION_STEPS` on stderr; `enabled` None: only when stderr is a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=len(CONVERSION_STEPS), desc=f"convert {gguf_path.name}", unit="step", file=sys.stderr,
+                disable=None if enabled is None else not enabled, dynamic_ncols=True)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool | None = None) -> Path:
+    """Write `gguf_path` to `out_dir` as float32 safetensors + config + generation config + tokenizer.
+    `progress`: the bar over its steps (None: only on a terminal)."""
     import torch
 
     started = time.perf_counter()
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    model = load_gguf_model(gguf_path, dtype=torch.float32)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    with conversion_bar(gguf_path, progress) as bar:
+        def step(index: int) -> None:
+            if index:
+                bar.update(1)
+            bar.set_postfix_str(CONVERSION_STEPS[index])
+
+        step(0)
+        tokenizer = load_gguf_tokenizer(gguf_path)
+        step(1)
+        model = load_gguf_model(gguf_path, dtype=torch.float32)
+        step(2)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        bar.update(1)
     logger.info("Converted %s to %s in %.1f s", gguf_path, out_dir, time.perf_counter() - started)
     return out_dir
 
