@@ -105,6 +105,8 @@ def test_rl_api_refuses_at_the_capacity_line_and_admits_again(
     # A session that ends untrainable (AReaL's end: finalized now, and it has no completion) frees its slot.
     ended = _post(proxy, "/rl/end_session", key=first.json()["api_key"])
     assert ended.status_code == 200, ended.text
+    # The end schedules the finalization; the slot is free once it ran.
+    _wait_for(lambda: len(run_db(proxy.db_url, holding_slots)) == 3, "the ended session's slot")
     replacement = _new_session(proxy)
     assert replacement.status_code == 201, replacement.text
     _assert_refused(_new_session(proxy), limit=4, admitted=4)
