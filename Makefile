@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean agents
+.PHONY: demo test lint bench clean agents system-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,12 +48,27 @@ $(NODE_INSTALLED):
 
 agents: $(HERMES_INSTALLED) $(NODE_INSTALLED)
 
+# Debian packages two tests drive: Chromium (the dashboard's browser test, through Playwright) and
+# docker-compose (`docker-compose config` checks docker-compose.yml; no Docker engine needed).
+# Installed with apt-get when missing, which needs root; elsewhere install them yourself.
+SYSTEM_TOOLS := chromium docker-compose
+
+system-tools:
+	@missing=$$(for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$$missing >/dev/null; \
+	fi
+
 demo: $(VENV)/.installed
 	$(BIN)/flywheel demo
 
-# The agent venvs were just built, so a test that finds one missing fails instead of skipping.
-test: $(VENV)/.installed $(HERMES_INSTALLED) $(NODE_INSTALLED)
-	FLYWHEEL_TEST_REQUIRE_AGENTS=1 $(BIN)/pytest -q -ra -n 3 --dist loadfile --durations=40
+# The agent venvs and system tools were just installed, so a test that finds one missing fails instead
+# of skipping.
+test: $(VENV)/.installed $(HERMES_INSTALLED) $(NODE_INSTALLED) system-tools
+	FLYWHEEL_TEST_REQUIRE_AGENTS=1 FLYWHEEL_TEST_REQUIRE_BROWSER=1 FLYWHEEL_TEST_REQUIRE_COMPOSE=1 \
+		$(BIN)/pytest -q -ra -n 3 --dist loadfile --durations=40
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
