@@ -143,14 +143,18 @@ class SessionSummary:
     rewards: tuple[StoredRewardValue, ...]
 
 
-def _session_conditions(filt: SessionFilter) -> list[ColumnElement[bool]]:
+def session_conditions(
+    status: str | None, run: str | None, since: datetime | None
+) -> list[ColumnElement[bool]]:
+    """The WHERE conditions of a sessions listing: its status, its metadata's `run` label, created at or
+    after `since`; None leaves a criterion out."""
     conditions: list[ColumnElement[bool]] = []
-    if filt.status is not None:
-        conditions.append(Session.status == filt.status)
-    if filt.run is not None:
-        conditions.append(Session.metadata_[RUN_METADATA_KEY].as_string() == filt.run)
-    if filt.since is not None:
-        conditions.append(Session.created_at >= filt.since)
+    if status is not None:
+        conditions.append(Session.status == status)
+    if run is not None:
+        conditions.append(Session.metadata_[RUN_METADATA_KEY].as_string() == run)
+    if since is not None:
+        conditions.append(Session.created_at >= since)
     return conditions
 
 
@@ -158,7 +162,7 @@ async def list_sessions(session_factory: SessionFactory, filt: SessionFilter) ->
     """At most `filt.limit` sessions, newest first, each with its counts and rewards."""
     query = (
         select(Session)
-        .where(*_session_conditions(filt))
+        .where(*session_conditions(filt.status, filt.run, filt.since))
         .order_by(Session.created_at.desc(), Session.id.desc())
         .limit(filt.limit)
     )

@@ -21,9 +21,8 @@ from storage.dashboard.labels import TaskLabel, run_label, task_label
 from storage.dashboard.rewards import rewards_of_sessions
 from storage.dashboard.sql import chunks
 from storage.engine import SessionFactory
-from storage.export_queries import RUN_METADATA_KEY
 from storage.models import ApiKey, Completion, Session, Trajectory, as_utc
-from storage.ops_queries import StoredRewardValue
+from storage.ops_queries import StoredRewardValue, session_conditions
 from storage.packing import INT32
 from storage.queries import completion_record
 from storage.records import CompletionRecord
@@ -156,13 +155,7 @@ async def _bare_batch(
 
 
 def _conditions(filt: SessionTableFilter) -> list[ColumnElement[bool]]:
-    conditions: list[ColumnElement[bool]] = []
-    if filt.status is not None:
-        conditions.append(Session.status == filt.status)
-    if filt.run is not None:
-        conditions.append(Session.metadata_[RUN_METADATA_KEY].as_string() == filt.run)
-    if filt.since is not None:
-        conditions.append(Session.created_at >= filt.since)
+    conditions = session_conditions(filt.status, filt.run, filt.since)
     if filt.until is not None:
         conditions.append(Session.created_at < filt.until)
     if filt.key_id is not None:
