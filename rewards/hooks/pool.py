@@ -86,7 +86,9 @@ def pool_error(error: BaseException, timeout_s: float) -> BaseException:
     if raised_by_function(error):
         return error
     if isinstance(error, TimeoutError):
-        return HookTimeoutError(f"the item ran past its {timeout_s:g} s limit; its worker was killed")
+        return HookTimeoutError(
+            f"timed out: the item ran past its {timeout_s:g} s limit; its worker was killed"
+        )
     if isinstance(error, ProcessExpired):
         return HookWorkerDiedError(f"the worker died (exit code {error.exitcode})", error.exitcode)
     if isinstance(error, BrokenProcessPool):
