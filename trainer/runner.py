@@ -117,35 +117,33 @@ async def train(
     engine = create_engine(storage_config)
     try:
         policy = start_policy(serving_config.model, config, serving_config.cache_dir)
-    except BaseException:
-        monitor.close()
-        raise
-    try:
-        async with (
-            WorkerPool(serving_config.client, worker_urls) as pool,
-            gate() if gate is not None else contextlib.nullcontext() as opened_gate,
-        ):
-            await asyncio.gather(*(c.wait_until_healthy(config.worker_wait_s) for c in pool.clients))
-            checkpoint_dir = config.checkpoint_dir or run_dir / CHECKPOINTS_DIR
-            distributed = distributed_sync(config, policy)
-            lora = await lora_sync(config, serving_config, policy, checkpoint_dir, pool.clients)
-            driver = Driver(
-                config,
-                create_sessionmaker(engine),
-                policy,
-                pool.clients,
-                checkpoint_dir,
-                monitor,
-                gate=opened_gate,
-                sync=lora or distributed,
-            )
-            try:
-                return await driver.run(stop)
-            finally:
-                if distributed is not None:
-                    await distributed.close()
+        try:
+            async with (
+                WorkerPool(serving_config.client, worker_urls) as pool,
+                gate() if gate is not None else contextlib.nullcontext() as opened_gate,
+            ):
+                await asyncio.gather(*(c.wait_until_healthy(config.worker_wait_s) for c in pool.clients))
+                checkpoint_dir = config.checkpoint_dir or run_dir / CHECKPOINTS_DIR
+                distributed = distributed_sync(config, policy)
+                lora = await lora_sync(config, serving_config, policy, checkpoint_dir, pool.clients)
+                driver = Driver(
+                    config,
+                    create_sessionmaker(engine),
+                    policy,
+                    pool.clients,
+                    checkpoint_dir,
+                    monitor,
+                    gate=opened_gate,
+                    sync=lora or distributed,
+                )
+                try:
+                    return await driver.run(stop)
+                finally:
+                    if distributed is not None:
+                        await distributed.close()
+        finally:
+            policy.kill()
     finally:
-        policy.kill()
         await engine.dispose()
         monitor.close()
 
