@@ -24,6 +24,11 @@ RUN_METADATA_KEY = "run"
 """The session metadata key that names a session's run."""
 
 
+def in_run(run: str) -> ColumnElement[bool]:
+    """The condition that a session's metadata names `run` as its run."""
+    return Session.metadata_[RUN_METADATA_KEY].as_string() == run
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrajectoryFilter:
     """Which trajectories to read; None (or False) leaves a criterion out. Bounds are inclusive, except
@@ -64,7 +69,7 @@ def _conditions(filt: TrajectoryFilter) -> list[ColumnElement[bool]]:
     """What SQL can decide; the upper version bound also needs each row's newest token (`keep`)."""
     conditions: list[ColumnElement[bool]] = []
     if filt.run is not None:
-        conditions.append(Session.metadata_[RUN_METADATA_KEY].as_string() == filt.run)
+        conditions.append(in_run(filt.run))
     if filt.min_version is not None:
         conditions.append(Trajectory.min_version >= filt.min_version)
     if filt.max_version is not None:

@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.engine import SessionFactory
-from storage.export_queries import RUN_METADATA_KEY
+from storage.export_queries import in_run
 from storage.models import (
     Completion,
     Group,
@@ -152,7 +152,7 @@ def session_conditions(
     if status is not None:
         conditions.append(Session.status == status)
     if run is not None:
-        conditions.append(Session.metadata_[RUN_METADATA_KEY].as_string() == run)
+        conditions.append(in_run(run))
     if since is not None:
         conditions.append(Session.created_at >= since)
     return conditions

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from storage.dashboard.labels import TaskLabel, run_label, task_label
 from storage.dashboard.sql import chunks
 from storage.engine import SessionFactory
-from storage.export_queries import RUN_METADATA_KEY
+from storage.export_queries import in_run
 from storage.models import Completion, Reward, Session, as_utc
 from storage.ops_queries import StoredRewardValue
 
@@ -84,7 +84,7 @@ async def _newest_rewarded(db: AsyncSession, query: RewardQuery) -> list[str]:
     if query.run is not None or query.since is not None:
         base = base.join(Session, Session.id == owner)
         if query.run is not None:
-            base = base.where(Session.metadata_[RUN_METADATA_KEY].as_string() == query.run)
+            base = base.where(in_run(query.run))
         if query.since is not None:
             base = base.where(Session.created_at >= query.since)
     seen: dict[str, None] = {}
