@@ -49,9 +49,9 @@ class MlflowSink(MetricsSink):
     name = "mlflow"
 
     def __init__(self, config: MlflowConfig, run_config: Mapping[str, Any]) -> None:
+        self._client = client = _client(config.tracking_uri)  # first: says what to install when missing
         from mlflow.entities import Param
 
-        self._client = client = _client(config.tracking_uri)
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is not None:
             experiment_id = experiment.experiment_id
